@@ -1,0 +1,1 @@
+"""The metalguard node agent: collectors, publisher, service."""

@@ -1,0 +1,93 @@
+"""The ``metalguard`` command: one entry point, a subcommand per role.
+
+This module is the composition root.  It stays cheap to import: each subcommand's
+implementation is imported only when that subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from controller import __version__
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (every level has --help)."""
+    parser = argparse.ArgumentParser(
+        prog="metalguard",
+        description="Keeps bare-metal AI training clusters healthy.",
+    )
+    parser.add_argument("--version", action="version", version=f"metalguard {__version__}")
+    parser.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="info", help="logging level (default: info)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    from agent.cli import add_agent_parser
+
+    add_agent_parser(sub)
+    _add_controller_parser(sub)
+    _add_demo_parser(sub)
+    return parser
+
+
+def _add_controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ctl = sub.add_parser("controller", help="the region controller")
+    ctl_sub = ctl.add_subparsers(dest="controller_command", metavar="ACTION", required=True)
+    setup = ctl_sub.add_parser(
+        "setup", help="create the streams and KV buckets of the design (idempotent)"
+    )
+    setup.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
+    setup.add_argument("--prefix", default="mg", help="subject prefix (default: mg)")
+    setup.add_argument("--replicas", type=int, default=1, help="stream replicas (R3 in production)")
+    setup.set_defaults(func=_run_controller_setup)
+
+
+def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser("demo", help="run the demo: embedded NATS and the design's streams")
+    demo.add_argument(
+        "--duration", type=float, default=None, help="stop by itself after S seconds"
+    )
+    demo.add_argument("--prefix", default="mg", help="subject prefix (default: mg)")
+    demo.set_defaults(func=_run_demo)
+
+
+def _run_controller_setup(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from controller.setup import setup_streams
+
+    return asyncio.run(setup_streams(args.nats, args.prefix, args.replicas))
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from controller.demo import run_demo
+
+    return asyncio.run(run_demo(duration_s=args.duration, prefix=args.prefix))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Encoding and decoding of wire messages: msgpack on the wire, JSON for humans.
+
+Every failure to decode raises :class:`CodecError` with a reason; an unknown message
+type and a newer major schema version are named as such.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar, overload
+
+import msgspec
+
+from proto.base import SCHEMA_VERSION, TAG_FIELD
+from proto.messages import TAGS, AnyMessage
+
+M = TypeVar("M", bound=msgspec.Struct)
+
+
+class CodecError(ValueError):
+    """A message could not be decoded (or encoded); ``reason`` says why."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        message_type: str | None = None,
+        version: int | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.message_type = message_type
+        self.version = version
+
+
+class _Envelope(msgspec.Struct):
+    """Just enough of any message to explain why it failed to decode."""
+
+    type: Any = None
+    v: Any = None
+
+
+_mp_encoder = msgspec.msgpack.Encoder()
+_json_encoder = msgspec.json.Encoder()
+_mp_any = msgspec.msgpack.Decoder(AnyMessage)
+_json_any = msgspec.json.Decoder(AnyMessage)
+_mp_envelope = msgspec.msgpack.Decoder(_Envelope)
+_json_envelope = msgspec.json.Decoder(_Envelope)
+_mp_typed: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
+_json_typed: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    """Encode a message as msgpack for the wire."""
+    return _mp_encoder.encode(msg)
+
+
+def encode_json(msg: msgspec.Struct) -> bytes:
+    """Encode a message as JSON (CLI output, HTTP API)."""
+    return _json_encoder.encode(msg)
+
+
+def to_builtins(msg: msgspec.Struct) -> Any:
+    """A message as plain dicts and lists (for printing and HTTP responses)."""
+    return msgspec.to_builtins(msg)
+
+
+@overload
+def decode(data: bytes | bytearray | memoryview) -> AnyMessage: ...
+@overload
+def decode(data: bytes | bytearray | memoryview, expected: type[M]) -> M: ...
+def decode(data: bytes | bytearray | memoryview, expected: type[Any] | None = None) -> Any:
+    """Decode msgpack bytes into a message (of ``expected`` type when given)."""
+    if expected is None:
+        decoder: Any = _mp_any
+    else:
+        decoder = _mp_typed.get(expected) or _mp_typed.setdefault(
+            expected, msgspec.msgpack.Decoder(expected)
+        )
+    return _decode(data, decoder, _mp_envelope, "msgpack", expected)
+
+
+@overload
+def decode_json(data: bytes | str) -> AnyMessage: ...
+@overload
+def decode_json(data: bytes | str, expected: type[M]) -> M: ...
+def decode_json(data: bytes | str, expected: type[Any] | None = None) -> Any:
+    """Decode JSON into a message (of ``expected`` type when given)."""
+    if expected is None:
+        decoder: Any = _json_any
+    else:
+        decoder = _json_typed.get(expected) or _json_typed.setdefault(
+            expected, msgspec.json.Decoder(expected)
+        )
+    return _decode(data, decoder, _json_envelope, "JSON", expected)
+
+
+def _decode(
+    data: Any,
+    decoder: Any,
+    envelope_decoder: Any,
+    fmt: str,
+    expected: type[Any] | None,
+) -> Any:
+    if not isinstance(data, bytes | bytearray | memoryview | str):
+        raise CodecError(f"cannot decode a {type(data).__name__}: expected bytes")
+    try:
+        msg = decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _explain(data, envelope_decoder, expected, str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise CodecError(f"malformed {fmt}: {exc}") from None
+    version = getattr(msg, "v", SCHEMA_VERSION)
+    if version > SCHEMA_VERSION:
+        raise _newer(type(msg).__struct_config__.tag, version)
+    return msg
+
+
+def _newer(tag: Any, version: int) -> CodecError:
+    return CodecError(
+        f"schema version {version} of {tag!r} is newer than the supported {SCHEMA_VERSION}",
+        message_type=str(tag),
+        version=version,
+    )
+
+
+def _explain(
+    data: Any, envelope_decoder: Any, expected: type[Any] | None, detail: str
+) -> CodecError:
+    """Turn a validation failure into the most useful reason we can give."""
+    try:
+        env = envelope_decoder.decode(data)
+    except (msgspec.DecodeError, TypeError):
+        return CodecError(f"invalid message: {detail}")
+    tag, version = env.type, env.v
+    tag_name = tag if isinstance(tag, str) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        return _newer(tag, version)
+    if tag is None:
+        return CodecError(f"message has no {TAG_FIELD!r} field: {detail}")
+    if tag_name not in TAGS:
+        return CodecError(f"unknown message type {tag!r}", message_type=tag_name, version=None)
+    if expected is not None and TAGS[tag_name] is not expected:
+        want = expected.__struct_config__.tag
+        return CodecError(
+            f"expected a {want!r} message, got {tag_name!r}", message_type=tag_name
+        )
+    return CodecError(f"invalid {tag_name!r} message: {detail}", message_type=tag_name)

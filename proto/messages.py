@@ -1,0 +1,29 @@
+"""The message union: every top-level wire type, in one list."""
+
+from __future__ import annotations
+
+from typing import Final, get_args
+
+from proto.events import Command, CommandReply, ControllerEvent, NodeEvent
+from proto.jobs import Job, JobStatus
+from proto.qos import QosProfile
+from proto.telemetry import TelemetryBatch
+
+AnyMessage = (
+    TelemetryBatch
+    | NodeEvent
+    | ControllerEvent
+    | Command
+    | CommandReply
+    | QosProfile
+    | Job
+    | JobStatus
+)
+"""Every message that may travel on a subject; the tag table is derived from it."""
+
+MESSAGE_TYPES: Final[tuple[type[AnyMessage], ...]] = get_args(AnyMessage)
+
+TAGS: Final[dict[str, type[AnyMessage]]] = {
+    str(t.__struct_config__.tag): t for t in MESSAGE_TYPES
+}
+"""Wire tag -> message type."""

@@ -1,0 +1,208 @@
+"""TelemetryBatch: one collection cycle of one node, and the readings it carries.
+
+The field names are a contract users script against (``metalguard agent collect
+--format json``): extend, never rename.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from proto.base import Message, NodeIdentity, NonNegInt, Record
+
+
+class EdacDimm(Record, frozen=True):
+    """One DIMM (or rank) of a memory controller, modern ``dimm*/`` layout."""
+
+    name: str
+    label: str = ""
+    ce_count: NonNegInt | None = None
+    ue_count: NonNegInt | None = None
+
+
+class EdacChannel(Record, frozen=True):
+    """One channel of a legacy ``csrow*/`` entry."""
+
+    channel: NonNegInt
+    label: str = ""
+    ce_count: NonNegInt | None = None
+    ue_count: NonNegInt | None = None
+
+
+class EdacCsrow(Record, frozen=True):
+    """One chip-select row, legacy ``csrow*/`` layout."""
+
+    csrow: NonNegInt
+    ce_count: NonNegInt | None = None
+    ue_count: NonNegInt | None = None
+    channels: tuple[EdacChannel, ...] = ()
+
+
+class EdacController(Record, frozen=True):
+    """One EDAC memory controller ``mc<N>``."""
+
+    mc: NonNegInt
+    ce_count: NonNegInt | None = None
+    ue_count: NonNegInt | None = None
+    ce_noinfo_count: NonNegInt | None = None
+    ue_noinfo_count: NonNegInt | None = None
+    dimms: tuple[EdacDimm, ...] = ()
+    csrows: tuple[EdacCsrow, ...] = ()
+
+
+class AerCounters(Record, frozen=True):
+    """PCIe AER counters by their kernel names (``TOTAL_ERR_*`` included)."""
+
+    correctable: dict[str, NonNegInt] = {}
+    fatal: dict[str, NonNegInt] = {}
+    nonfatal: dict[str, NonNegInt] = {}
+
+
+class PcieDevice(Record, frozen=True):
+    """One PCI function: identity, link state and AER counters."""
+
+    address: str
+    pci_class: str = msgspec.field(default="", name="class")
+    vendor: str = ""
+    device: str = ""
+    current_link_speed_gts: float | None = None
+    max_link_speed_gts: float | None = None
+    current_link_width: NonNegInt | None = None
+    max_link_width: NonNegInt | None = None
+    downgraded: bool = False
+    retrains: NonNegInt = 0
+    """Link state changes (downgrades plus recoveries) seen since the agent started."""
+    downgrades: NonNegInt = 0
+    recoveries: NonNegInt = 0
+    aer: AerCounters | None = None
+
+
+class Fan(Record, frozen=True):
+    """One hwmon fan sensor (``fanN_*``)."""
+
+    sensor: str
+    label: str = ""
+    rpm: float | None = None
+    min_rpm: float | None = None
+    alarm: bool | None = None
+
+
+class Temperature(Record, frozen=True):
+    """One hwmon temperature sensor (``tempN_*``), in degrees Celsius."""
+
+    sensor: str
+    label: str = ""
+    celsius: float | None = None
+    crit_celsius: float | None = None
+    max_celsius: float | None = None
+
+
+class HwmonChip(Record, frozen=True):
+    """One hwmon chip; ``chip`` is named the way node_exporter names it."""
+
+    chip: str
+    name: str = ""
+    fans: tuple[Fan, ...] = ()
+    temps: tuple[Temperature, ...] = ()
+
+
+class SmartDevice(Record, frozen=True):
+    """One disk's SMART health; fields that do not apply to its protocol are null."""
+
+    device: str
+    protocol: str = ""
+    model: str = ""
+    serial: str = ""
+    passed: bool | None = None
+    exit_status: NonNegInt | None = None
+    temperature_c: float | None = None
+    power_on_hours: NonNegInt | None = None
+    critical_warning: NonNegInt | None = None
+    media_errors: NonNegInt | None = None
+    percentage_used: NonNegInt | None = None
+    available_spare: NonNegInt | None = None
+    num_err_log_entries: NonNegInt | None = None
+    unsafe_shutdowns: NonNegInt | None = None
+    reallocated_sectors: NonNegInt | None = None
+    pending_sectors: NonNegInt | None = None
+    offline_uncorrectable: NonNegInt | None = None
+    reported_uncorrectable: NonNegInt | None = None
+    grown_defects: NonNegInt | None = None
+
+
+class BmcSensor(Record, frozen=True):
+    """One sensor read out of band from the BMC."""
+
+    name: str
+    kind: str
+    """fan | temperature | voltage | current | power | power_supply | other"""
+    value: float | None = None
+    unit: str = ""
+    status: str = ""
+    """ok | warning | critical | absent | unknown (normalised from the source)."""
+    lower_critical: float | None = None
+    upper_critical: float | None = None
+
+
+class BmcReading(Record, frozen=True):
+    """What one BMC source (snmp, redfish, ipmi) answered in this cycle."""
+
+    source: str
+    reachable: bool
+    power_state: str = ""
+    health: str = ""
+    sensors: tuple[BmcSensor, ...] = ()
+    message: str = ""
+
+
+class GpuDevice(Record, frozen=True):
+    """One accelerator's health as the driver reports it."""
+
+    index: NonNegInt
+    uuid: str = ""
+    name: str = ""
+    pci_address: str = ""
+    temperature_c: float | None = None
+    power_w: float | None = None
+    ecc_corrected: NonNegInt | None = None
+    ecc_uncorrected: NonNegInt | None = None
+    retired_pages: NonNegInt | None = None
+    xid_errors: tuple[int, ...] = ()
+
+
+class CollectorRun(Record, frozen=True):
+    """How one collector run went: timed and guarded."""
+
+    collector: str
+    duration_s: float
+    success: bool
+
+
+class CollectorError(Record, frozen=True):
+    """A failure of one collector (or one of its files); the other readings stand."""
+
+    collector: str
+    path: str = ""
+    message: str = ""
+
+
+class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
+    """One collection cycle of one node (subject ``<p>.tel.<region>.<cluster>.<node>``)."""
+
+    node: NodeIdentity
+    seq: NonNegInt
+    ts: float
+    """Wall-clock time (Unix seconds) at which the cycle finished."""
+    interval_s: float = 0.0
+    """The agent's nominal collection interval; freshness is judged against it."""
+    started_ts: float | None = None
+    edac: tuple[EdacController, ...] = ()
+    pcie: tuple[PcieDevice, ...] = ()
+    hwmon: tuple[HwmonChip, ...] = ()
+    smart: tuple[SmartDevice, ...] = ()
+    bmc: tuple[BmcReading, ...] = ()
+    gpu: tuple[GpuDevice, ...] = ()
+    collectors: tuple[CollectorRun, ...] = ()
+    errors: tuple[CollectorError, ...] = ()
+    spool_dropped: NonNegInt = 0
+    """Batches or events dropped from the full outage spool since the last batch."""

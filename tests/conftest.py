@@ -1,0 +1,52 @@
+"""Shared fixtures: a real nats-server per test session (JetStream in a temp dir)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from controller.natsserver import NatsServer
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[NatsServer]:
+    """One real nats-server for the whole session, on a free loopback port."""
+    server = NatsServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServer) -> str:
+    """The session server's client URL."""
+    return nats_server.url
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    """A connected client, drained at the end of the test."""
+    client = await nats.connect(nats_url, connect_timeout=2, max_reconnect_attempts=1)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def fresh_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A private server for tests that stop and restart it (same port, same store)."""
+    server = NatsServer(store_dir=tmp_path / "js")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the system tools the test suite exercises, when missing and when we can
+# (root with apt-get).  Tests that still lack a tool skip with the reason printed.
+set -u
+want=()
+command -v smartctl >/dev/null 2>&1 || want+=(smartmontools)
+command -v prometheus-node-exporter >/dev/null 2>&1 || [ -x /usr/bin/prometheus-node-exporter ] || want+=(prometheus-node-exporter)
+command -v systemd-analyze >/dev/null 2>&1 || want+=(systemd)
+command -v ip >/dev/null 2>&1 || want+=(iproute2)
+[ ${#want[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "ensure-tools: not root or no apt-get; tests needing ${want[*]} will skip" >&2
+  exit 0
+fi
+echo "ensure-tools: installing ${want[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+if ! apt-get install -y -q --no-install-recommends "${want[@]}" >/dev/null 2>&1; then
+  apt-get update -q >/dev/null 2>&1 || true
+  apt-get install -y -q --no-install-recommends "${want[@]}" >/dev/null 2>&1 \
+    || echo "ensure-tools: could not install ${want[*]}; tests needing them will skip" >&2
+fi
+# The Debian package enables and starts services we do not want in a test machine.
+systemctl disable --now prometheus-node-exporter >/dev/null 2>&1 || true
+exit 0
