@@ -1,0 +1,34 @@
+"""Assemble a TelemetryBatch from one cycle's readings (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.collection import CycleResult
+from proto.base import NodeIdentity
+from proto.telemetry import TelemetryBatch
+
+
+def build_batch(
+    node: NodeIdentity,
+    seq: int,
+    cycle: CycleResult,
+    *,
+    ts: float,
+    started_ts: float | None = None,
+    interval_s: float = 0.0,
+    spool_dropped: int = 0,
+) -> TelemetryBatch:
+    """The batch of one cycle."""
+    readings: dict[str, Any] = dict(cycle.readings)
+    return TelemetryBatch(
+        node=node,
+        seq=seq,
+        ts=ts,
+        started_ts=started_ts,
+        interval_s=interval_s,
+        collectors=cycle.runs,
+        errors=cycle.errors,
+        spool_dropped=spool_dropped,
+        **readings,
+    )

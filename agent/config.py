@@ -1,0 +1,131 @@
+"""The agent's TOML configuration (docs/agent.md), validated with a clear error.
+
+A config error names the file, the key and the problem::
+
+    agent.toml: collect.interval_s: Expected `float` >= 0.5, got -1
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+
+from proto.base import Token
+
+Seconds = Annotated[float, msgspec.Meta(ge=0.05)]
+MIB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or invalid; the message names file, key, problem."""
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class NodeSection(_Section, frozen=True):
+    """``[node]``: where the node sits and what it is called."""
+
+    region: Token = "default"
+    cluster: Token = "default"
+    name: str = ""
+    """Default: the short host name."""
+    uuid: str = ""
+    """Default: DMI product_uuid, else /etc/machine-id."""
+
+
+class NatsSection(_Section, frozen=True):
+    """``[nats]``: how to reach the region's NATS servers."""
+
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    prefix: Token = "mg"
+    credentials: str = ""
+    """A NATS .creds file (JWT + nkey seed)."""
+    nkey_seed: str = ""
+    """A file holding this node's nkey seed (nkey auth without JWT)."""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    connect_timeout_s: Seconds = 2.0
+    publish_timeout_s: Seconds = 5.0
+    reconnect_base_s: Seconds = 0.5
+    reconnect_max_s: Seconds = 30.0
+
+
+class CollectSection(_Section, frozen=True):
+    """``[collect]``: which collectors run, how often, over which roots."""
+
+    interval_s: Annotated[float, msgspec.Meta(ge=0.1)] = 5.0
+    enabled: tuple[str, ...] | None = None
+    """Collector names; default: every collector enabled by default."""
+    intervals: dict[str, Seconds] = {}
+    """Per-collector interval overrides, e.g. ``smart = 300``."""
+    timeout_s: Seconds = 60.0
+    """A collector run longer than this is abandoned and reported."""
+    sysfs: str = "/sys"
+    procfs: str = "/proc"
+    smart_json_dir: str = ""
+    smartctl: str = "smartctl"
+    smart_timeout_s: Seconds = 30.0
+    smart_concurrency: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+    options: dict[str, Any] = {}
+    """Collector-specific options (``[collect.options]``, keys ``<collector>.<key>``)."""
+
+
+class SpoolSection(_Section, frozen=True):
+    """``[spool]``: where batches wait while NATS is unreachable."""
+
+    dir: str = "/var/lib/metalguard/spool"
+    max_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024)] = 64 * MIB
+
+
+class AgentConfig(_Section, frozen=True):
+    """The whole agent configuration."""
+
+    node: NodeSection = NodeSection()
+    nats: NatsSection = NatsSection()
+    collect: CollectSection = CollectSection()
+    spool: SpoolSection = SpoolSection()
+
+
+_PATH_RE = re.compile(r" - at `\$\.?(.*)`$")
+
+
+def parse_config(text: str, source: str = "<config>") -> AgentConfig:
+    """Parse TOML text into an AgentConfig; raise ConfigError naming source, key, problem."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    try:
+        return msgspec.convert(raw, AgentConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(str(exc))}") from None
+
+
+def load_config(path: Path) -> AgentConfig:
+    """Read and parse the config file at ``path``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    return parse_config(text, str(path))
+
+
+def _describe(message: str) -> str:
+    """``Expected int - at `$.a.b``` -> ``a.b: Expected int``."""
+    match = _PATH_RE.search(message)
+    if not match:
+        unknown = re.search(r"Object contains unknown field `([^`]+)`", message)
+        return f"unknown key {unknown.group(1)!r}" if unknown else message
+    key = match.group(1)
+    problem = message[: match.start()]
+    unknown = re.match(r"Object contains unknown field `([^`]+)`", problem)
+    if unknown:
+        return f"{key}: unknown key {unknown.group(1)!r}"
+    return f"{key}: {problem}"

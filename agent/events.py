@@ -1,0 +1,149 @@
+"""Which readings must not wait for the next batch: pure detection of NodeEvents.
+
+Counters (ECC, AER) raise an event when they grow between two batches of this agent
+run; the first batch is the baseline, since totals read at start are history.  States
+(a downgraded link, a failed SMART verdict) raise one when they become true, including
+on the first batch: they are facts about now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from proto.base import AttrValue
+from proto.events import NodeEvent
+from proto.telemetry import EdacController, PcieDevice, SmartDevice, TelemetryBatch
+
+
+
+def detect_events(
+    previous: TelemetryBatch | None,
+    current: TelemetryBatch,
+    new_id: Callable[[], str] | None = None,
+) -> list[NodeEvent]:
+    """Events for what changed from ``previous`` to ``current`` (both of one node).
+
+    ``new_id`` makes event ids (default: ``<seq>-<index>``, unique per batch).
+    """
+    found: list[tuple[str, str, str, str, dict[str, AttrValue]]] = []
+    if previous is not None:
+        found += _ecc(previous.edac, current.edac)
+        found += _aer(previous.pcie, current.pcie)
+    found += _links(previous.pcie if previous else (), current.pcie)
+    found += _smart(previous.smart if previous else (), current.smart)
+    return [
+        NodeEvent(
+            node=current.node,
+            event_id=new_id() if new_id else f"{current.seq}-{i}",
+            ts=current.ts,
+            kind=kind,
+            source=source,
+            device=device,
+            message=message,
+            attributes=attrs,
+        )
+        for i, (kind, source, device, message, attrs) in enumerate(found)
+    ]
+
+
+def _grew(before: int | None, after: int | None) -> int:
+    if after is None:
+        return 0
+    return after - (before or 0) if after > (before or 0) else 0
+
+
+def _ecc(
+    before: tuple[EdacController, ...], after: tuple[EdacController, ...]
+) -> Iterator[tuple[str, str, str, str, dict[str, AttrValue]]]:
+    old = {mc.mc: mc for mc in before}
+    for mc in after:
+        prev = old.get(mc.mc)
+        if prev is None:
+            continue
+        old_dimms = {d.name: d for d in prev.dimms}
+        dimm_hits = False
+        for dimm in mc.dimms:
+            grew = _grew(old_dimms[dimm.name].ue_count if dimm.name in old_dimms else 0, dimm.ue_count)
+            if grew:
+                dimm_hits = True
+                yield (
+                    "ecc_uncorrectable",
+                    "edac",
+                    dimm.label or f"mc{mc.mc}/{dimm.name}",
+                    f"{grew} new uncorrectable ECC error(s) on {dimm.label or dimm.name}",
+                    {"mc": mc.mc, "dimm": dimm.name, "new": grew, "ue_count": dimm.ue_count},
+                )
+        grew = _grew(prev.ue_count, mc.ue_count)
+        if grew and not dimm_hits:
+            yield (
+                "ecc_uncorrectable",
+                "edac",
+                f"mc{mc.mc}",
+                f"{grew} new uncorrectable ECC error(s) on memory controller {mc.mc}",
+                {"mc": mc.mc, "new": grew, "ue_count": mc.ue_count},
+            )
+
+
+def _aer(
+    before: tuple[PcieDevice, ...], after: tuple[PcieDevice, ...]
+) -> Iterator[tuple[str, str, str, str, dict[str, AttrValue]]]:
+    old = {d.address: d for d in before}
+    for dev in after:
+        prev = old.get(dev.address)
+        if dev.aer is None or prev is None or prev.aer is None:
+            continue
+        for kind, new, was in (
+            ("aer_fatal", dev.aer.fatal, prev.aer.fatal),
+            ("aer_nonfatal", dev.aer.nonfatal, prev.aer.nonfatal),
+        ):
+            grown = {name: n - was.get(name, 0) for name, n in new.items() if n > was.get(name, 0)}
+            if grown:
+                names = ", ".join(sorted(k for k in grown if not k.startswith("TOTAL_")))
+                label = "fatal" if kind == "aer_fatal" else "non-fatal"
+                yield (
+                    kind,
+                    "pcie",
+                    dev.address,
+                    f"new {label} AER error(s) on {dev.address}: {names or 'TOTAL'}",
+                    {f"new_{k}": v for k, v in grown.items()},
+                )
+
+
+def _links(
+    before: tuple[PcieDevice, ...], after: tuple[PcieDevice, ...]
+) -> Iterator[tuple[str, str, str, str, dict[str, AttrValue]]]:
+    old = {d.address: d for d in before}
+    for dev in after:
+        prev = old.get(dev.address)
+        if dev.downgraded and (prev is None or not prev.downgraded):
+            yield (
+                "link_downgrade",
+                "pcie",
+                dev.address,
+                f"PCIe link of {dev.address} runs at {dev.current_link_speed_gts} GT/s "
+                f"x{dev.current_link_width} of max {dev.max_link_speed_gts} GT/s "
+                f"x{dev.max_link_width}",
+                {
+                    "class": dev.pci_class,
+                    "current_link_speed_gts": dev.current_link_speed_gts,
+                    "max_link_speed_gts": dev.max_link_speed_gts,
+                    "current_link_width": dev.current_link_width,
+                    "max_link_width": dev.max_link_width,
+                },
+            )
+
+
+def _smart(
+    before: tuple[SmartDevice, ...], after: tuple[SmartDevice, ...]
+) -> Iterator[tuple[str, str, str, str, dict[str, AttrValue]]]:
+    old = {d.device: d for d in before}
+    for disk in after:
+        prev = old.get(disk.device)
+        if disk.passed is False and (prev is None or prev.passed is not False):
+            yield (
+                "smart_failed",
+                "smart",
+                disk.device,
+                f"SMART overall health of {disk.device} ({disk.model}) is FAILED",
+                {"model": disk.model, "critical_warning": disk.critical_warning},
+            )

@@ -1,0 +1,65 @@
+"""A TelemetryBatch as text for a person at a terminal (``--format text``)."""
+
+from __future__ import annotations
+
+from proto.telemetry import TelemetryBatch
+
+
+def _n(value: object) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def render_text(batch: TelemetryBatch) -> str:
+    """A few aligned lines per source; errors last."""
+    node = batch.node
+    lines = [f"node {node.region}/{node.cluster}/{node.node} uuid={node.uuid or '-'} seq={batch.seq}"]
+    for mc in batch.edac:
+        lines.append(
+            f"edac  mc{mc.mc}: ce={_n(mc.ce_count)} ue={_n(mc.ue_count)} "
+            f"ce_noinfo={_n(mc.ce_noinfo_count)} ue_noinfo={_n(mc.ue_noinfo_count)}"
+        )
+        for dimm in mc.dimms:
+            lines.append(
+                f"        {dimm.name} {dimm.label}: ce={_n(dimm.ce_count)} ue={_n(dimm.ue_count)}"
+            )
+        for row in mc.csrows:
+            lines.append(f"        csrow{row.csrow}: ce={_n(row.ce_count)} ue={_n(row.ue_count)}")
+    for dev in batch.pcie:
+        flag = "  DOWNGRADED" if dev.downgraded else ""
+        aer = ""
+        if dev.aer is not None:
+            aer = (
+                f" aer cor={dev.aer.correctable.get('TOTAL_ERR_COR', '-')}"
+                f" fatal={dev.aer.fatal.get('TOTAL_ERR_FATAL', '-')}"
+                f" nonfatal={dev.aer.nonfatal.get('TOTAL_ERR_NONFATAL', '-')}"
+            )
+        lines.append(
+            f"pcie  {dev.address} class={dev.pci_class} {dev.vendor}:{dev.device} "
+            f"link {_n(dev.current_link_speed_gts)}/{_n(dev.max_link_speed_gts)} GT/s "
+            f"x{_n(dev.current_link_width)}/x{_n(dev.max_link_width)}{aer}{flag}"
+        )
+    for chip in batch.hwmon:
+        for fan in chip.fans:
+            alarm = "  ALARM" if fan.alarm else ""
+            lines.append(
+                f"fan   {chip.chip} {fan.sensor} {fan.label}: {_n(fan.rpm)} rpm "
+                f"(min {_n(fan.min_rpm)}){alarm}"
+            )
+        for temp in chip.temps:
+            lines.append(
+                f"temp  {chip.chip} {temp.sensor} {temp.label}: {_n(temp.celsius)} C "
+                f"(max {_n(temp.max_celsius)}, crit {_n(temp.crit_celsius)})"
+            )
+    for disk in batch.smart:
+        verdict = {True: "PASSED", False: "FAILED", None: "unknown"}[disk.passed]
+        lines.append(
+            f"smart {disk.device} {disk.protocol} {disk.model}: {verdict} "
+            f"temp={_n(disk.temperature_c)} hours={_n(disk.power_on_hours)}"
+        )
+    for run in batch.collectors:
+        ok = "ok" if run.success else "FAILED"
+        lines.append(f"run   {run.collector}: {ok} in {run.duration_s * 1000:.1f} ms")
+    for err in batch.errors:
+        where = f" {err.path}" if err.path else ""
+        lines.append(f"error {err.collector}{where}: {err.message}")
+    return "\n".join(lines) + "\n"

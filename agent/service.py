@@ -1,0 +1,211 @@
+"""``metalguard agent run``: the node agent's main loop under systemd.
+
+Wakes every tick (the shortest collector interval), runs the due collectors, publishes
+NodeEvents for what must not wait, and a TelemetryBatch every ``collect.interval_s``.
+Speaks sd_notify itself (READY=1, WATCHDOG=1 while the loop makes progress, STATUS=),
+reloads its config on SIGHUP, and on SIGTERM flushes the publisher (what cannot be
+sent goes to the spool) and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.batch import build_batch
+from agent.collection import Collection, UnknownCollectorError, resolve_enabled
+from agent.config import AgentConfig, ConfigError, load_config
+from agent.events import detect_events
+from agent.publisher import Publisher, PublisherSettings
+from agent.sdnotify import notify, watchdog_interval_s
+from agent.seqstore import SeqStore
+from agent.settings import collector_settings, node_identity
+from agent.spool import Spool
+from proto.base import NodeIdentity
+from proto.subjects import Subjects
+from proto.telemetry import TelemetryBatch
+
+log = logging.getLogger(__name__)
+
+FLUSH_TIMEOUT_S = 10.0
+"""How long SIGTERM waits for queued messages to be acknowledged before spooling them
+(well inside the unit's TimeoutStopSec)."""
+
+
+def _new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+class AgentService:
+    """One agent: collection, event detection, publishing, systemd protocol."""
+
+    def __init__(
+        self,
+        config_path: Path,
+        config: AgentConfig,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config_path = config_path
+        self._wall = wall_clock
+        self._mono = monotonic
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._reload_requested = False
+        self._last_progress = monotonic()
+        self._apply(config)
+        spool_dir = Path(config.spool.dir)
+        self._seq = SeqStore(spool_dir / "seq")
+        self._publisher = self._make_publisher(config)
+
+    def _apply(self, config: AgentConfig) -> None:
+        """Take a (new) config for collection; NATS settings need a restart."""
+        names = resolve_enabled(config.collect.enabled)
+        self.config = config
+        self.identity: NodeIdentity = node_identity(config)
+        self.collection = Collection(
+            names,
+            collector_settings(config),
+            base_interval_s=config.collect.interval_s,
+            intervals=dict(config.collect.intervals),
+            timeout_s=config.collect.timeout_s,
+            clock=self._mono,
+        )
+
+    def _make_publisher(self, config: AgentConfig) -> Publisher:
+        spool = Spool(Path(config.spool.dir) / "queue", max_bytes=config.spool.max_bytes)
+        nats = config.nats
+        return Publisher(
+            PublisherSettings(
+                servers=list(nats.servers),
+                name=f"metalguard-agent-{self.identity.node}",
+                credentials=nats.credentials or None,
+                nkey_seed=nats.nkey_seed or None,
+                tls_ca=nats.tls_ca or None,
+                tls_cert=nats.tls_cert or None,
+                tls_key=nats.tls_key or None,
+                connect_timeout_s=nats.connect_timeout_s,
+                publish_timeout_s=nats.publish_timeout_s,
+                reconnect_base_s=nats.reconnect_base_s,
+                reconnect_max_s=nats.reconnect_max_s,
+            ),
+            subjects=Subjects(nats.prefix),
+            spool=spool,
+        )
+
+    # --- signals ----------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Stop after the current step (SIGTERM, SIGINT)."""
+        self._stop.set()
+        self._wake.set()
+
+    def request_reload(self) -> None:
+        """Reload the config before the next cycle (SIGHUP)."""
+        self._reload_requested = True
+        self._wake.set()
+
+    def _reload(self) -> None:
+        self._reload_requested = False
+        try:
+            new = load_config(self._config_path)
+            if new.nats != self.config.nats or new.spool != self.config.spool:
+                log.warning("reload: [nats] and [spool] changes take effect at restart")
+            old_collection = self.collection
+            self._apply(new)
+        except (ConfigError, UnknownCollectorError) as exc:
+            log.error("reload rejected, keeping the running config: %s", exc)
+            notify(f"STATUS=config reload rejected: {exc}")
+            return
+        asyncio.get_running_loop().create_task(old_collection.close())
+        log.info("config reloaded from %s", self._config_path)
+
+    # --- main loop --------------------------------------------------------------------
+    async def run(self) -> int:
+        """Run until stopped; return the exit status."""
+        await self._publisher.start()
+        watchdog = watchdog_interval_s()
+        dog = asyncio.create_task(self._watchdog(watchdog), name="watchdog") if watchdog else None
+        notify("READY=1")
+        notify(f"STATUS=collecting {', '.join(self.collection.names)}")
+        previous: TelemetryBatch | None = None
+        next_batch = self._mono()
+        try:
+            while not self._stop.is_set():
+                if self._reload_requested:
+                    self._reload()
+                started = self._wall()
+                cycle = await self.collection.run_cycle()
+                snapshot = build_batch(
+                    self.identity, self._seq.last + 1, cycle, ts=self._wall(), started_ts=started,
+                    interval_s=self.config.collect.interval_s,
+                )
+                for event in detect_events(previous, snapshot, new_id=_new_event_id):
+                    await self._publisher.publish_event(event)
+                previous = snapshot
+                if self._mono() >= next_batch:
+                    next_batch = self._mono() + self.config.collect.interval_s
+                    batch = build_batch(
+                        self.identity, self._seq.next(), cycle, ts=snapshot.ts,
+                        started_ts=started, interval_s=self.config.collect.interval_s,
+                        spool_dropped=self._publisher.take_dropped(),
+                    )
+                    await self._publisher.publish_batch(batch)
+                self._last_progress = self._mono()
+                self._status()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.collection.tick_s)
+        finally:
+            notify("STOPPING=1")
+            if dog is not None:
+                dog.cancel()
+                await asyncio.gather(dog, return_exceptions=True)
+            await self.collection.close()
+            await self._publisher.close(flush_timeout=FLUSH_TIMEOUT_S)
+        return 0
+
+    def _status(self) -> None:
+        stats = self._publisher.stats()
+        link = "connected" if stats.connected else "DISCONNECTED (spooling)"
+        notify(
+            f"STATUS=seq {self._seq.last}; NATS {link}; published {stats.published}, "
+            f"spooled {stats.spooled}, dropped {stats.dropped}"
+        )
+
+    async def _watchdog(self, every_s: float) -> None:
+        """Ping the systemd watchdog while the main loop keeps making progress."""
+        stall_limit = max(3 * self.collection.tick_s, 2 * every_s) + self.config.collect.timeout_s
+        while True:
+            if self._mono() - self._last_progress <= stall_limit:
+                notify("WATCHDOG=1")
+            else:
+                log.error("main loop stalled for %.0fs; withholding watchdog ping",
+                          self._mono() - self._last_progress)
+            await asyncio.sleep(every_s)
+
+
+async def _serve(config_path: Path) -> int:
+    try:
+        config = load_config(config_path)
+        service = AgentService(config_path, config)
+    except (ConfigError, UnknownCollectorError) as exc:
+        print(f"metalguard: {exc}", file=sys.stderr)
+        return 2
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, service.request_stop)
+    loop.add_signal_handler(signal.SIGINT, service.request_stop)
+    loop.add_signal_handler(signal.SIGHUP, service.request_reload)
+    return await service.run()
+
+
+def main_run(config_path: Path) -> int:
+    """CLI body of ``agent run``."""
+    return asyncio.run(_serve(config_path))

@@ -1,0 +1,217 @@
+"""A root-bound, bounded, never-raising reader for sysfs.
+
+Every path is relative to one root (``/sys`` in production, a fixture tree in tests) and
+may not leave it, neither with ``..`` nor through a symlink.  An attribute is read once,
+with at most ``max_bytes + 1`` bytes requested in total, so a driver that answers
+``EAGAIN`` forever or a huge file cannot stall or bloat a collection cycle.
+
+Errors are data, sorted into three kinds (:class:`ReadStatus`):
+
+* ``MISSING``: the file does not exist (an optional attribute, or a device that vanished).
+* ``NO_DATA``: the driver could not answer now (``EAGAIN``, ``EIO``, ``ENODATA``...).
+* ``ERROR``: the file is there but unreadable (``EACCES``, ``EISDIR``, oversize, outside
+  the root...): worth an error entry.
+
+The reader is synchronous; a collector runs its whole scan in one worker thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fnmatch
+import os
+import posixpath
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MAX_BYTES = 64 * 1024
+"""The largest attribute read in full; sysfs text attributes are at most one page."""
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
+_NO_DATA_ERRNOS = frozenset(
+    {errno.EAGAIN, errno.EIO, errno.ENODATA, errno.EBUSY, errno.ETIMEDOUT, errno.ENXIO, errno.ENODEV}
+)
+_ESCAPES = "path escapes the sysfs root"
+
+
+class ReadStatus(enum.Enum):
+    """How a read ended."""
+
+    OK = "ok"
+    MISSING = "missing"
+    NO_DATA = "no_data"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """One attribute read: ``text`` when OK, else ``error`` says why."""
+
+    status: ReadStatus
+    text: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when ``text`` holds the attribute's contents."""
+        return self.status is ReadStatus.OK
+
+
+@dataclass(frozen=True, slots=True)
+class DirListing:
+    """A directory's entry names (naturally sorted), or why it could not be listed."""
+
+    names: tuple[str, ...] = ()
+    status: ReadStatus = ReadStatus.OK
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OsCalls:
+    """The OS calls the reader makes to read attributes; tests may fake them."""
+
+    open: Callable[[str, int], int] = os.open
+    read: Callable[[int, int], bytes] = os.read
+    close: Callable[[int], None] = os.close
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders ``hwmon2`` before ``hwmon10``."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part)
+        for part in re.split(r"(\d+)", name)
+        if part
+    )
+
+
+def _classify(exc: OSError) -> ReadStatus:
+    if exc.errno in _MISSING_ERRNOS:
+        return ReadStatus.MISSING
+    if exc.errno in _NO_DATA_ERRNOS:
+        return ReadStatus.NO_DATA
+    return ReadStatus.ERROR
+
+
+def _describe(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "OSError")
+    return f"{name}: {exc.strerror or exc}"
+
+
+class SysfsReader:
+    """Reads attributes and lists directories below ``root``; never raises ``OSError``."""
+
+    def __init__(
+        self,
+        root: Path,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        os_calls: OsCalls | None = None,
+    ) -> None:
+        if max_bytes < 1:
+            raise ValueError("max_bytes must be positive")
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self._os = os_calls or OsCalls()
+        self._real_root = os.path.realpath(self.root)
+
+    def display(self, rel: str) -> str:
+        """The path to show in an error entry for ``rel``."""
+        return str(self.root / rel) if rel else str(self.root)
+
+    def _real(self, rel: str) -> str | None:
+        """The symlink-free absolute path of ``rel``, or None if it is outside the root."""
+        norm = posixpath.normpath(rel) if rel else "."
+        if posixpath.isabs(rel) or norm == ".." or norm.startswith("../"):
+            return None
+        try:
+            real = os.path.realpath(os.path.join(self._real_root, rel))
+        except (OSError, ValueError):
+            return None
+        if real == self._real_root or real.startswith(self._real_root.rstrip("/") + "/"):
+            return real
+        return None
+
+    def read(self, rel: str) -> ReadResult:
+        """Read one attribute (decoded UTF-8, invalid bytes replaced; not stripped)."""
+        real = self._real(rel)
+        if real is None:
+            return ReadResult(ReadStatus.ERROR, error=_ESCAPES)
+        try:
+            fd = self._os.open(real, _OPEN_FLAGS)
+        except OSError as exc:
+            return ReadResult(_classify(exc), error=_describe(exc))
+        try:
+            return self._read_fd(fd)
+        finally:
+            try:
+                self._os.close(fd)
+            except OSError:
+                pass
+
+    def _read_fd(self, fd: int) -> ReadResult:
+        chunks: list[bytes] = []
+        total = 0
+        limit = self.max_bytes + 1
+        while total < limit:
+            try:
+                chunk = self._os.read(fd, limit - total)
+            except OSError as exc:
+                return ReadResult(_classify(exc), error=_describe(exc))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > self.max_bytes:
+            return ReadResult(
+                ReadStatus.ERROR, error=f"attribute larger than {self.max_bytes} bytes"
+            )
+        return ReadResult(ReadStatus.OK, text=b"".join(chunks).decode("utf-8", "replace"))
+
+    def read_files(self, rel_dir: str, names: Iterable[str]) -> dict[str, ReadResult]:
+        """Read several attributes of one directory, keyed by file name."""
+        return {name: self.read(posixpath.join(rel_dir, name)) for name in names}
+
+    def listdir(self, rel: str) -> DirListing:
+        """The entry names of a directory (symlinks followed), naturally sorted."""
+        real = self._real(rel)
+        if real is None:
+            return DirListing(status=ReadStatus.ERROR, error=_ESCAPES)
+        try:
+            names = os.listdir(real)
+        except OSError as exc:
+            return DirListing(status=_classify(exc), error=_describe(exc))
+        return DirListing(names=tuple(sorted(names, key=natural_key)))
+
+    def glob(self, rel_dir: str, pattern: str) -> tuple[str, ...]:
+        """Entry names of ``rel_dir`` matching a shell pattern; empty when unlistable."""
+        return tuple(n for n in self.listdir(rel_dir).names if fnmatch.fnmatchcase(n, pattern))
+
+    def is_dir(self, rel: str) -> bool:
+        """True when ``rel`` is (or links to) a directory inside the root."""
+        real = self._real(rel)
+        return real is not None and os.path.isdir(real)
+
+    def readlink(self, rel: str) -> str | None:
+        """The raw target of the symlink ``rel``, or None when it is no readable link."""
+        real_parent = self._real(posixpath.dirname(rel))
+        if real_parent is None:
+            return None
+        try:
+            return os.readlink(os.path.join(real_parent, posixpath.basename(rel)))
+        except (OSError, ValueError):
+            return None
+
+    def resolve(self, rel: str) -> str | None:
+        """The root-relative, symlink-free path of ``rel`` when it exists inside the root.
+
+        A dangling link, or one that points outside the root, gives None.
+        """
+        real = self._real(rel)
+        if real is None or not os.path.exists(real):
+            return None
+        if real == self._real_root:
+            return ""
+        return real[len(self._real_root.rstrip("/")) + 1 :]

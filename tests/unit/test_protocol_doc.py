@@ -1,0 +1,46 @@
+"""docs/protocol.md documents every message, every field and every subject family."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import proto.base
+import proto.events
+import proto.jobs
+import proto.qos
+import proto.telemetry
+from proto.messages import MESSAGE_TYPES
+
+DOC = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
+
+
+def _structs() -> list[type[msgspec.Struct]]:
+    found = []
+    for module in (proto.base, proto.telemetry, proto.events, proto.qos, proto.jobs):
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, msgspec.Struct) and obj.__module__ == module.__name__:
+                if msgspec.structs.fields(obj):
+                    found.append(obj)
+    return found
+
+
+@pytest.mark.parametrize("struct", _structs(), ids=lambda s: s.__name__)
+def test_every_field_is_documented(struct: type[msgspec.Struct]) -> None:
+    missing = [
+        f.encode_name for f in msgspec.structs.fields(struct) if f"`{f.encode_name}`" not in DOC
+    ]
+    assert not missing, f"{struct.__name__}: fields missing from docs/protocol.md: {missing}"
+
+
+@pytest.mark.parametrize("message", MESSAGE_TYPES, ids=lambda m: m.__name__)
+def test_every_message_tag_is_documented(message: type[msgspec.Struct]) -> None:
+    assert f'`type = "{message.__struct_config__.tag}"`' in DOC
+
+
+@pytest.mark.parametrize("family", ["tel", "evt", "ctl", "cmd", "dlq", "fed"])
+def test_every_subject_family_is_documented(family: str) -> None:
+    assert f"`<p>.{family}." in DOC
