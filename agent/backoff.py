@@ -67,7 +67,9 @@ def guarded_task(
             except Exception:
                 delay = backoff.delay(crashes)
                 crashes += 1
-                log.exception("task %s crashed (%d times); restarting in %.2fs", name, crashes, delay)
+                log.exception(
+                    "task %s crashed (%d times); restarting in %.2fs", name, crashes, delay
+                )
                 await sleep(delay)
 
     task = asyncio.create_task(supervise(), name=name)

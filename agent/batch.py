@@ -20,7 +20,7 @@ def build_batch(
     spool_dropped: int = 0,
 ) -> TelemetryBatch:
     """The batch of one cycle."""
-    readings: dict[str, Any] = dict(cycle.readings)
+    readings: dict[str, Any] = {str(k): v for k, v in cycle.readings.items()}
     return TelemetryBatch(
         node=node,
         seq=seq,

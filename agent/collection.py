@@ -115,7 +115,7 @@ class Collection:
                 due[name] = slot
         runs: list[CollectorRun] = []
         if due:
-            done, pending = await asyncio.wait(
+            _done, pending = await asyncio.wait(
                 [s.running for s in due.values() if s.running], timeout=self._timeout_s
             )
             for name, slot in due.items():
@@ -128,7 +128,9 @@ class Collection:
                             collector=name, message=f"timed out after {self._timeout_s:g}s"
                         )
                     )
-                    runs.append(CollectorRun(collector=name, duration_s=self._timeout_s, success=False))
+                    runs.append(
+                        CollectorRun(collector=name, duration_s=self._timeout_s, success=False)
+                    )
                     continue
                 result, run = task.result()
                 slot.last = result

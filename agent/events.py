@@ -15,7 +15,6 @@ from proto.events import NodeEvent
 from proto.telemetry import EdacController, PcieDevice, SmartDevice, TelemetryBatch
 
 
-
 def detect_events(
     previous: TelemetryBatch | None,
     current: TelemetryBatch,
@@ -63,7 +62,9 @@ def _ecc(
         old_dimms = {d.name: d for d in prev.dimms}
         dimm_hits = False
         for dimm in mc.dimms:
-            grew = _grew(old_dimms[dimm.name].ue_count if dimm.name in old_dimms else 0, dimm.ue_count)
+            grew = _grew(
+                old_dimms[dimm.name].ue_count if dimm.name in old_dimms else 0, dimm.ue_count
+            )
             if grew:
                 dimm_hits = True
                 yield (

@@ -77,7 +77,9 @@ def main_collect(
     try:
         config = load_config(config_path) if config_path else AgentConfig()
         config = _with_overrides(config, sysfs, procfs, smart_json_dir)
-        wanted = tuple(n.strip() for n in collectors.split(",") if n.strip()) if collectors else None
+        wanted = (
+            tuple(n.strip() for n in collectors.split(",") if n.strip()) if collectors else None
+        )
         names = resolve_enabled(wanted if wanted is not None else config.collect.enabled)
     except (ConfigError, UnknownCollectorError) as exc:
         print(f"metalguard: {exc}", file=sys.stderr)

@@ -12,7 +12,9 @@ def _n(value: object) -> str:
 def render_text(batch: TelemetryBatch) -> str:
     """A few aligned lines per source; errors last."""
     node = batch.node
-    lines = [f"node {node.region}/{node.cluster}/{node.node} uuid={node.uuid or '-'} seq={batch.seq}"]
+    lines = [
+        f"node {node.region}/{node.cluster}/{node.node} uuid={node.uuid or '-'} seq={batch.seq}"
+    ]
     for mc in batch.edac:
         lines.append(
             f"edac  mc{mc.mc}: ce={_n(mc.ce_count)} ue={_n(mc.ue_count)} "

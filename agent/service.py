@@ -27,7 +27,7 @@ from agent.publisher import Publisher, PublisherSettings
 from agent.sdnotify import notify, watchdog_interval_s
 from agent.seqstore import SeqStore
 from agent.settings import collector_settings, node_identity
-from agent.spool import Spool
+from agent.spool import Spool, SpoolError
 from proto.base import NodeIdentity
 from proto.subjects import Subjects
 from proto.telemetry import TelemetryBatch
@@ -144,7 +144,11 @@ class AgentService:
                 started = self._wall()
                 cycle = await self.collection.run_cycle()
                 snapshot = build_batch(
-                    self.identity, self._seq.last + 1, cycle, ts=self._wall(), started_ts=started,
+                    self.identity,
+                    self._seq.last + 1,
+                    cycle,
+                    ts=self._wall(),
+                    started_ts=started,
                     interval_s=self.config.collect.interval_s,
                 )
                 for event in detect_events(previous, snapshot, new_id=_new_event_id):
@@ -153,8 +157,12 @@ class AgentService:
                 if self._mono() >= next_batch:
                     next_batch = self._mono() + self.config.collect.interval_s
                     batch = build_batch(
-                        self.identity, self._seq.next(), cycle, ts=snapshot.ts,
-                        started_ts=started, interval_s=self.config.collect.interval_s,
+                        self.identity,
+                        self._seq.next(),
+                        cycle,
+                        ts=snapshot.ts,
+                        started_ts=started,
+                        interval_s=self.config.collect.interval_s,
                         spool_dropped=self._publisher.take_dropped(),
                     )
                     await self._publisher.publish_batch(batch)
@@ -187,8 +195,10 @@ class AgentService:
             if self._mono() - self._last_progress <= stall_limit:
                 notify("WATCHDOG=1")
             else:
-                log.error("main loop stalled for %.0fs; withholding watchdog ping",
-                          self._mono() - self._last_progress)
+                log.error(
+                    "main loop stalled for %.0fs; withholding watchdog ping",
+                    self._mono() - self._last_progress,
+                )
             await asyncio.sleep(every_s)
 
 
@@ -199,6 +209,9 @@ async def _serve(config_path: Path) -> int:
     except (ConfigError, UnknownCollectorError) as exc:
         print(f"metalguard: {exc}", file=sys.stderr)
         return 2
+    except (SpoolError, ValueError, OSError) as exc:  # locked spool, unusable TLS files
+        print(f"metalguard: cannot start the agent: {exc}", file=sys.stderr)
+        return 1
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, service.request_stop)
     loop.add_signal_handler(signal.SIGINT, service.request_stop)

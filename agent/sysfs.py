@@ -17,6 +17,7 @@ The reader is synchronous; a collector runs its whole scan in one worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import errno
 import fnmatch
@@ -33,7 +34,15 @@ DEFAULT_MAX_BYTES = 64 * 1024
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _MISSING_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
 _NO_DATA_ERRNOS = frozenset(
-    {errno.EAGAIN, errno.EIO, errno.ENODATA, errno.EBUSY, errno.ETIMEDOUT, errno.ENXIO, errno.ENODEV}
+    {
+        errno.EAGAIN,
+        errno.EIO,
+        errno.ENODATA,
+        errno.EBUSY,
+        errno.ETIMEDOUT,
+        errno.ENXIO,
+        errno.ENODEV,
+    }
 )
 _ESCAPES = "path escapes the sysfs root"
 
@@ -72,19 +81,19 @@ class DirListing:
 
 @dataclass(frozen=True, slots=True)
 class OsCalls:
-    """The OS calls the reader makes to read attributes; tests may fake them."""
+    """The OS calls the reader makes to read attributes and list directories; tests may
+    fake them."""
 
     open: Callable[[str, int], int] = os.open
     read: Callable[[int, int], bytes] = os.read
     close: Callable[[int], None] = os.close
+    listdir: Callable[[str], list[str]] = os.listdir
 
 
 def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     """Sort key that orders ``hwmon2`` before ``hwmon10``."""
     return tuple(
-        (0, int(part)) if part.isdigit() else (1, part)
-        for part in re.split(r"(\d+)", name)
-        if part
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
     )
 
 
@@ -146,10 +155,8 @@ class SysfsReader:
         try:
             return self._read_fd(fd)
         finally:
-            try:
+            with contextlib.suppress(OSError):
                 self._os.close(fd)
-            except OSError:
-                pass
 
     def _read_fd(self, fd: int) -> ReadResult:
         chunks: list[bytes] = []
@@ -180,7 +187,7 @@ class SysfsReader:
         if real is None:
             return DirListing(status=ReadStatus.ERROR, error=_ESCAPES)
         try:
-            names = os.listdir(real)
+            names = self._os.listdir(real)
         except OSError as exc:
             return DirListing(status=_classify(exc), error=_describe(exc))
         return DirListing(names=tuple(sorted(names, key=natural_key)))

@@ -50,9 +50,7 @@ def _add_controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser("demo", help="run the demo: embedded NATS and the design's streams")
-    demo.add_argument(
-        "--duration", type=float, default=None, help="stop by itself after S seconds"
-    )
+    demo.add_argument("--duration", type=float, default=None, help="stop by itself after S seconds")
     demo.add_argument("--prefix", default="mg", help="subject prefix (default: mg)")
     demo.set_defaults(func=_run_demo)
 

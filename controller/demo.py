@@ -38,8 +38,10 @@ async def run_demo(*, duration_s: float | None = None, prefix: str = "mg") -> in
             await ensure_streams(nc.jetstream(), subjects)
         finally:
             await nc.close()
-        _say(f"streams {subjects.stream_telemetry}, {subjects.stream_events}, "
-             f"{subjects.stream_control} and KV buckets ready")
+        _say(
+            f"streams {subjects.stream_telemetry}, {subjects.stream_events}, "
+            f"{subjects.stream_control} and KV buckets ready"
+        )
         _say(f"NATS at {url}")
         _say("running; press Ctrl-C to stop")
         with contextlib.suppress(TimeoutError):

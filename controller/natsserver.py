@@ -9,6 +9,7 @@ taken from its "Listening for client connections" line.
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
 import os
 import re
@@ -26,6 +27,16 @@ log = logging.getLogger(__name__)
 
 _LISTEN_RE = re.compile(r"Listening for client connections on (\S+):(\d+)")
 _READY = "Server is ready"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGTERM the server when its parent dies (no orphans)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: the server then outlives a killed parent
 
 
 class NatsServerError(RuntimeError):
@@ -97,6 +108,8 @@ class NatsServer:
         cmd = [self._binary or find_nats_server()]
         if self._config_file is not None:
             cmd += ["-c", str(self._config_file)]
+            if self.port > 0:  # a restart keeps the port the server chose first
+                cmd += ["-p", str(self.port)]
         else:
             cmd += ["-a", self._host, "-p", str(self.port)]
             if self._jetstream:
@@ -110,26 +123,37 @@ class NatsServer:
         self._ready.clear()
         self._exited.clear()
         self._log_tail.clear()
-        self._proc = subprocess.Popen(  # noqa: S603 - our own binary, fixed arguments
-            self.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        try:
+            self._proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            raise NatsServerError(f"cannot run nats-server: {exc}") from None
         self._reader = threading.Thread(target=self._read_log, name="nats-server-log", daemon=True)
         self._reader.start()
         if not self._ready.wait(timeout) or not self.url:
             tail = "\n".join(self._log_tail)
+            code = self._proc.poll()
             self.stop()
-            raise NatsServerError(f"nats-server did not become ready within {timeout}s:\n{tail}")
+            why = (
+                f"nats-server exited with status {code}"
+                if code is not None
+                else f"nats-server did not become ready within {timeout}s"
+            )
+            raise NatsServerError(f"{why}:\n{tail}")
         log.info("nats-server ready at %s (pid %s)", self.url, self.pid)
         return self.url
 
     def _read_log(self) -> None:
         proc = self._proc
-        assert proc is not None and proc.stderr is not None
+        assert proc is not None
+        assert proc.stderr is not None
         for line in proc.stderr:
             line = line.rstrip()
             self._log_tail.append(line)

@@ -23,7 +23,7 @@ SchemaVersion = Annotated[int, msgspec.Meta(ge=1)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 Priority = Annotated[int, msgspec.Meta(ge=0, le=7)]
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
-Token = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^.*>\s]+$")]
+Token = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^.*>\s]+\Z")]
 """A string that is safe as one NATS subject token."""
 
 AttrValue = str | int | float | bool | None

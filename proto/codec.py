@@ -107,7 +107,7 @@ def _decode(
         msg = decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise _explain(data, envelope_decoder, expected, str(exc)) from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, TypeError, RecursionError) as exc:
         raise CodecError(f"malformed {fmt}: {exc}") from None
     version = getattr(msg, "v", SCHEMA_VERSION)
     if version > SCHEMA_VERSION:
@@ -129,7 +129,7 @@ def _explain(
     """Turn a validation failure into the most useful reason we can give."""
     try:
         env = envelope_decoder.decode(data)
-    except (msgspec.DecodeError, TypeError):
+    except (msgspec.DecodeError, TypeError, RecursionError):
         return CodecError(f"invalid message: {detail}")
     tag, version = env.type, env.v
     tag_name = tag if isinstance(tag, str) else None
@@ -141,7 +141,5 @@ def _explain(
         return CodecError(f"unknown message type {tag!r}", message_type=tag_name, version=None)
     if expected is not None and TAGS[tag_name] is not expected:
         want = expected.__struct_config__.tag
-        return CodecError(
-            f"expected a {want!r} message, got {tag_name!r}", message_type=tag_name
-        )
+        return CodecError(f"expected a {want!r} message, got {tag_name!r}", message_type=tag_name)
     return CodecError(f"invalid {tag_name!r} message: {detail}", message_type=tag_name)

@@ -23,7 +23,5 @@ AnyMessage = (
 
 MESSAGE_TYPES: Final[tuple[type[AnyMessage], ...]] = get_args(AnyMessage)
 
-TAGS: Final[dict[str, type[AnyMessage]]] = {
-    str(t.__struct_config__.tag): t for t in MESSAGE_TYPES
-}
+TAGS: Final[dict[str, type[AnyMessage]]] = {str(t.__struct_config__.tag): t for t in MESSAGE_TYPES}
 """Wire tag -> message type."""

@@ -8,7 +8,7 @@ Subjects (prefix ``mg`` by default)::
     <p>.cmd.<region>.<cluster>.<node>.<verb>        Command (request/reply)
     <p>.dlq.<stream>                                undecodable messages, kept for inspection
     <p>.fed.summary.<region>                        region summary (federation)
-    <p>.fed.<region>.submit                         job forwarding (request/reply)
+    <p>.fed.submit.<region>                         job forwarding (request/reply)
 
 Every token is validated: no ``.``, ``*``, ``>``, whitespace, and not empty.
 """
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Final
 
 _BAD_TOKEN = re.compile(r"[.*>\s]")
+_PREFIX = re.compile(r"[A-Za-z0-9_-]{1,32}")
 DEFAULT_PREFIX: Final = "mg"
 WILDCARD: Final = "*"
 
@@ -90,7 +91,7 @@ class FedSummarySubject:
 
 @dataclass(frozen=True, slots=True)
 class FedSubmitSubject:
-    """``<p>.fed.<region>.submit``"""
+    """``<p>.fed.submit.<region>``"""
 
     region: str
 
@@ -121,6 +122,11 @@ class Subjects:
 
     def __post_init__(self) -> None:
         check_token(self.prefix, "prefix")
+        if not _PREFIX.fullmatch(self.prefix):
+            raise SubjectError(
+                f"prefix {self.prefix!r} must be letters, digits, '_' or '-' "
+                "(it also names streams and KV buckets)"
+            )
 
     # --- builders -------------------------------------------------------------------
     def telemetry(self, region: str, cluster: str, node: str) -> str:
@@ -150,7 +156,7 @@ class Subjects:
 
     def fed_submit(self, region: str) -> str:
         """Subject on which a region accepts forwarded jobs (request/reply)."""
-        return self._join("fed", [_check_filter_token(region, "region"), "submit"])
+        return self._join("fed", ["submit", _check_filter_token(region, "region")])
 
     def dead_letter(self, stream: str) -> str:
         """Subject where undecodable messages taken off ``stream`` are kept."""
@@ -210,7 +216,7 @@ class Subjects:
                 return CommandSubject(region, cluster, node, verb)
             case "fed", ["summary", region]:
                 return FedSummarySubject(region)
-            case "fed", [region, "submit"]:
+            case "fed", ["submit", region]:
                 return FedSubmitSubject(region)
             case "dlq", [stream]:
                 return DeadLetterSubject(stream)

@@ -4,7 +4,7 @@
 set -u
 want=()
 command -v smartctl >/dev/null 2>&1 || want+=(smartmontools)
-command -v prometheus-node-exporter >/dev/null 2>&1 || [ -x /usr/bin/prometheus-node-exporter ] || want+=(prometheus-node-exporter)
+
 command -v systemd-analyze >/dev/null 2>&1 || want+=(systemd)
 command -v ip >/dev/null 2>&1 || want+=(iproute2)
 [ ${#want[@]} -eq 0 ] && exit 0
@@ -19,6 +19,4 @@ if ! apt-get install -y -q --no-install-recommends "${want[@]}" >/dev/null 2>&1;
   apt-get install -y -q --no-install-recommends "${want[@]}" >/dev/null 2>&1 \
     || echo "ensure-tools: could not install ${want[*]}; tests needing them will skip" >&2
 fi
-# The Debian package enables and starts services we do not want in a test machine.
-systemctl disable --now prometheus-node-exporter >/dev/null 2>&1 || true
 exit 0

@@ -97,11 +97,15 @@ async def run_guarded(
     try:
         result = await collector.collect()
         success = not result.errors or bool(result.items)
-    except Exception as exc:  # noqa: BLE001 - the guard is the point
+    except Exception as exc:
         log.exception("collector %s failed", collector.name)
         result = Collected(
             field=collector.field,
-            errors=(CollectorError(collector=collector.name, message=f"{type(exc).__name__}: {exc}"),),
+            errors=(
+                CollectorError(collector=collector.name, message=f"{type(exc).__name__}: {exc}"),
+            ),
         )
         success = False
-    return result, CollectorRun(collector=collector.name, duration_s=clock() - start, success=success)
+    return result, CollectorRun(
+        collector=collector.name, duration_s=clock() - start, success=success
+    )

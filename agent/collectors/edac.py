@@ -138,7 +138,9 @@ def scan_edac(reader: SysfsReader) -> tuple[list[EdacController], list[Collector
     return controllers, errors
 
 
-def _read_controller(reader: SysfsReader, mc_dir: str, errors: list[CollectorError]) -> dict[str, str]:
+def _read_controller(
+    reader: SysfsReader, mc_dir: str, errors: list[CollectorError]
+) -> dict[str, str]:
     """The texts of one controller's known files, keyed by path below ``mc_dir``.
 
     Only known names are read: ``reset_counters`` is write-only, and unknown files may be

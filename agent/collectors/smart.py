@@ -24,6 +24,7 @@ from agent.collectors.smart_parse import (
     interpret_output,
     parse_scan,
     smartctl_args,
+    with_permission_hint,
 )
 from proto.telemetry import CollectorError, SmartDevice
 
@@ -37,7 +38,7 @@ class SmartctlError(Exception):
     """smartctl could not be run to completion; the message says why."""
 
 
-class SmartctlMissing(SmartctlError):
+class SmartctlNotFoundError(SmartctlError):
     """The smartctl executable does not exist."""
 
 
@@ -77,7 +78,8 @@ async def run_process(argv: Sequence[str], timeout_s: float) -> ProcessResult:
             start_new_session=True,
         )
     except FileNotFoundError:
-        raise SmartctlMissing(f"smartctl not found: install smartmontools ({program!r})") from None
+        msg = f"smartctl not found: install smartmontools ({program!r})"
+        raise SmartctlNotFoundError(msg) from None
     except PermissionError:
         raise SmartctlError(f"smartctl not executable: {program!r} (permission denied)") from None
     except OSError as exc:
@@ -185,7 +187,7 @@ class SmartCollector:
         argv = [settings.smartctl, "--scan-open", "--json"]
         try:
             proc = await self._runner(argv, settings.smart_timeout_s)
-        except SmartctlMissing as exc:
+        except SmartctlNotFoundError as exc:
             return None, [(None, self._error(str(exc)))]
         except SmartctlError as exc:
             results.append((None, self._error(f"device scan failed: {exc}")))
@@ -199,7 +201,7 @@ class SmartCollector:
             entries = await asyncio.to_thread(self._sysfs_devices)
         for entry in entries:
             if entry.open_error:
-                msg = f"open failed: {entry.open_error}"
+                msg = with_permission_hint(f"open failed: {entry.open_error}")
                 results.append((None, self._error(msg, entry.name)))
         return [e for e in entries if not e.open_error], results
 

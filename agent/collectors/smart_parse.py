@@ -54,6 +54,8 @@ EXIT_MEANINGS: dict[ExitStatus, str] = {
 NO_DATA = ExitStatus.COMMAND_LINE | ExitStatus.OPEN_FAILED | ExitStatus.SMART_COMMAND_FAILED
 """Bits that mean smartctl could not read (all of) the device's SMART data."""
 
+CAPABILITY_HINT = "smartctl needs CAP_SYS_RAWIO for ATA/SCSI and CAP_SYS_ADMIN for NVMe"
+_DENIED = re.compile(r"Permission denied|Operation not permitted")
 _LOW_POWER = re.compile(r"Device is in (\S+)(?: \(OS\))? mode")
 _LEADING_INT = re.compile(r"\s*(\d+)")
 _NVME_NAME = re.compile(r"nvme\d+")
@@ -306,7 +308,12 @@ def interpret_output(
     error = f"no SMART data (smartctl exit status {status}: {causes})"
     if messages:
         error += ": " + "; ".join(messages)
-    return SmartOutcome(device if _has_health_data(doc) else None, error)
+    return SmartOutcome(device if _has_health_data(doc) else None, with_permission_hint(error))
+
+
+def with_permission_hint(message: str) -> str:
+    """``message``, plus which capabilities smartctl needs if it says access was denied."""
+    return f"{message} ({CAPABILITY_HINT})" if _DENIED.search(message) else message
 
 
 def _with_exit_status(device: SmartDevice, status: int) -> SmartDevice:

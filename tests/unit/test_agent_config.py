@@ -47,5 +47,5 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.toml")
     (tmp_path / "dir.toml").mkdir()
-    with pytest.raises(ConfigError, match="dir.toml: cannot read"):
+    with pytest.raises(ConfigError, match=r"dir\.toml: cannot read"):
         load_config(tmp_path / "dir.toml")

@@ -14,7 +14,12 @@ from agent.sdnotify import notify, watchdog_interval_s
 
 @pytest.mark.parametrize(
     ("hostname", "token"),
-    [("gpu-17.dc1.example", "gpu-17"), ("node_3", "node_3"), ("we ird*>", "we-ird"), ("...", "node")],
+    [
+        ("gpu-17.dc1.example", "gpu-17"),
+        ("node_3", "node_3"),
+        ("we ird*>", "we-ird"),
+        ("...", "node"),
+    ],
 )
 def test_token_from_hostname(hostname: str, token: str) -> None:
     assert token_from_hostname(hostname) == token

@@ -22,9 +22,9 @@ def _structs() -> list[type[msgspec.Struct]]:
     found = []
     for module in (proto.base, proto.telemetry, proto.events, proto.qos, proto.jobs):
         for _, obj in inspect.getmembers(module, inspect.isclass):
-            if issubclass(obj, msgspec.Struct) and obj.__module__ == module.__name__:
-                if msgspec.structs.fields(obj):
-                    found.append(obj)
+            is_own_struct = issubclass(obj, msgspec.Struct) and obj.__module__ == module.__name__
+            if is_own_struct and msgspec.structs.fields(obj):
+                found.append(obj)
     return found
 
 

@@ -1,0 +1,266 @@
+"""The agent's NATS connection: a bounded first connect, then retries that never end.
+
+nats-py's ``connect()`` never returns while the server is down when reconnects are
+unlimited, so each first-connect attempt runs under ``asyncio.wait_for`` and a failed
+attempt is retried in a background task after a full-jitter backoff.  Once connected,
+nats-py reconnects by itself (``max_reconnect_attempts=-1``); its
+``reconnect_to_server_handler`` hook supplies the same full-jitter delays, since nats-py
+2.16 has no jitter option of its own.  ``pending_size=0`` turns off the client's
+reconnect buffer: a publish while disconnected fails at once instead of sitting in
+memory, so the publisher can spool it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client, Server
+from nats.js import JetStreamContext
+
+from agent.backoff import Backoff, Sleep, guarded_task
+
+log = logging.getLogger(__name__)
+
+_EXPECTED_WHILE_DOWN = (OSError, TimeoutError, nats.errors.UnexpectedEOF)
+"""Errors a stopped or unreachable server causes; the disconnect itself is logged."""
+
+
+@dataclass(frozen=True, slots=True)
+class NatsSettings:
+    """How the agent reaches NATS (the ``[nats]`` config section)."""
+
+    servers: Sequence[str] = ("nats://127.0.0.1:4222",)
+    name: str = "metalguard-agent"
+    credentials: str | None = None
+    """A ``.creds`` file (JWT + nkey seed)."""
+    nkey_seed: str | None = None
+    """A file holding an nkey seed (nkey auth without JWT)."""
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_hostname: str | None = None
+    tls: ssl.SSLContext | None = None
+    """A ready TLS context; overrides ``tls_ca``/``tls_cert``/``tls_key``."""
+    connect_timeout_s: float = 2.0
+    """One TCP + handshake attempt."""
+    first_connect_timeout_s: float = 5.0
+    """Deadline of one first-connect attempt (``asyncio.wait_for``)."""
+    reconnect_base_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    """Full-jitter backoff of connects and reconnects: ``uniform(0, min(max, base*2**n))``."""
+    ping_interval_s: float = 10.0
+    max_outstanding_pings: int = 3
+    js_timeout_s: float = 5.0
+    """Default timeout of JetStream API calls."""
+
+
+def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
+    """The TLS context the settings ask for, or None for plain TCP."""
+    if settings.tls is not None:
+        return settings.tls
+    if not (settings.tls_ca or settings.tls_cert):
+        return None
+    try:
+        ctx = ssl.create_default_context(cafile=settings.tls_ca or None)
+        if settings.tls_cert:
+            ctx.load_cert_chain(settings.tls_cert, settings.tls_key or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"NATS TLS files unusable: {exc}") from None
+    return ctx
+
+
+ClientFactory = Callable[[], Client]
+StateListener = Callable[[bool], None]
+
+
+class Connection:
+    """Owns one nats-py client at a time; ``connected`` is set while it is usable."""
+
+    def __init__(
+        self,
+        settings: NatsSettings,
+        *,
+        backoff: Backoff | None = None,
+        sleep: Sleep = asyncio.sleep,
+        client_factory: ClientFactory = Client,
+        on_state: StateListener | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backoff = backoff or Backoff(settings.reconnect_base_s, settings.reconnect_max_s)
+        self._tls = tls_context(settings)
+        self.connected = asyncio.Event()
+        self.attempts = 0
+        """First-connect attempts made (reset by a success)."""
+        self.disconnects = 0
+        self.reconnects = 0
+        self._sleep = sleep
+        self._client_factory = client_factory
+        self._on_state = on_state
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._connector: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @property
+    def js(self) -> JetStreamContext | None:
+        """The JetStream context of the current client, or None before the first connect."""
+        return self._js
+
+    @property
+    def is_connected(self) -> bool:
+        """True while the client is connected (not reconnecting, not closed)."""
+        return self._nc is not None and self._nc.is_connected
+
+    async def start(self) -> bool:
+        """Try to connect once (bounded); on failure keep trying in the background."""
+        if await self._attempt():
+            return True
+        self._start_connector()
+        return False
+
+    async def wait_connected(self) -> None:
+        """Return once the connection is usable (wrap in a timeout)."""
+        await self.connected.wait()
+
+    async def close(self) -> None:
+        """Stop retrying and close the client."""
+        self._closing = True
+        if self._connector is not None:
+            self._connector.cancel()
+            await asyncio.gather(self._connector, return_exceptions=True)
+            self._connector = None
+        nc, self._nc, self._js = self._nc, None, None
+        self._set_state(False)
+        if nc is not None:
+            await _close_quietly(nc)
+
+    # --- first connect ----------------------------------------------------------------
+    def _start_connector(self) -> None:
+        if self._closing or (self._connector is not None and not self._connector.done()):
+            return
+        self._connector = guarded_task(
+            "nats-connector", self._connect_loop, backoff=self.backoff, sleep=self._sleep
+        )
+
+    async def _connect_loop(self) -> None:
+        while not self._closing:
+            delay = self.backoff.delay(self.attempts - 1)
+            log.info("NATS: next connect attempt in %.2fs", delay)
+            await self._sleep(delay)
+            if await self._attempt():
+                return
+
+    async def _attempt(self) -> bool:
+        self.attempts += 1
+        nc = self._client_factory()
+        try:
+            await asyncio.wait_for(
+                nc.connect(**self._options(nc)), self.settings.first_connect_timeout_s
+            )
+        except asyncio.CancelledError:
+            await _close_quietly(nc)
+            raise
+        except Exception as exc:
+            why = (
+                f"no connection within {self.settings.first_connect_timeout_s}s"
+                if isinstance(exc, TimeoutError)
+                else _describe(exc)
+            )
+            servers = ",".join(self.settings.servers)
+            log.warning("NATS: connect to %s failed (attempt %d): %s", servers, self.attempts, why)
+            await _close_quietly(nc)
+            return False
+        if self._closing:
+            await _close_quietly(nc)
+            return False
+        self._nc, self._js = nc, nc.jetstream(timeout=self.settings.js_timeout_s)
+        self.attempts = 0
+        log.info("NATS: connected to %s", nc.connected_url.netloc if nc.connected_url else "?")
+        self._set_state(True)
+        return True
+
+    def _options(self, nc: Client) -> dict[str, Any]:
+        s = self.settings
+
+        async def on_error(exc: Exception) -> None:
+            if nc is self._nc:  # errors of abandoned attempts were already reported
+                quiet = isinstance(exc, _EXPECTED_WHILE_DOWN)  # one per retry: keep them quiet
+                log.log(logging.DEBUG if quiet else logging.WARNING, "NATS: %s", _describe(exc))
+
+        async def on_disconnected() -> None:
+            if nc is self._nc:
+                self.disconnects += 1
+                log.warning("NATS: disconnected; reconnecting")
+                self._set_state(False)
+
+        async def on_reconnected() -> None:
+            if nc is self._nc:
+                self.reconnects += 1
+                log.info("NATS: reconnected")
+                self._set_state(True)
+
+        async def on_closed() -> None:
+            if nc is self._nc and not self._closing:
+                log.warning("NATS: connection closed; connecting again")
+                self._nc = self._js = None
+                self._set_state(False)
+                self._start_connector()
+
+        opts: dict[str, Any] = {
+            "servers": list(s.servers),
+            "name": s.name,
+            "error_cb": on_error,
+            "disconnected_cb": on_disconnected,
+            "reconnected_cb": on_reconnected,
+            "closed_cb": on_closed,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": s.reconnect_base_s,
+            "reconnect_to_server_handler": self._pick_server,
+            "connect_timeout": s.connect_timeout_s,
+            "ping_interval": s.ping_interval_s,
+            "max_outstanding_pings": s.max_outstanding_pings,
+            "pending_size": 0,
+        }
+        if s.credentials:
+            opts["user_credentials"] = s.credentials
+        if s.nkey_seed:
+            opts["nkeys_seed"] = s.nkey_seed
+        if self._tls is not None:
+            opts["tls"] = self._tls
+        if s.tls_hostname:
+            opts["tls_hostname"] = s.tls_hostname
+        return opts
+
+    def _pick_server(self, servers: list[Server], _info: dict[str, Any]) -> tuple[Server, float]:
+        """nats-py's reconnect hook: the least-failed server, after a jittered delay."""
+        server = min(servers, key=lambda srv: srv.reconnects)
+        return server, self.backoff.delay(server.reconnects)
+
+    def _set_state(self, connected: bool) -> None:
+        if connected == self.connected.is_set():
+            return
+        if connected:
+            self.connected.set()
+        else:
+            self.connected.clear()
+        if self._on_state is not None:
+            self._on_state(connected)
+
+
+async def _close_quietly(nc: Client) -> None:
+    try:
+        await nc.close()
+    except Exception as exc:
+        log.debug("NATS: error while closing a client: %s", _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,64 @@
+"""Fault injection at the OS-call boundary of :class:`agent.sysfs.SysfsReader`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from agent.sysfs import OsCalls
+
+
+@dataclass
+class FaultyOs:
+    """Real os.open/read/close, except that paths ending in a given suffix fail.
+
+    ``open_errors`` fail the open, ``read_errors`` fail every read and ``list_errors``
+    fail listing a directory, with that errno.
+    Records the bytes each read asked for and returned, and the fds left open.
+    """
+
+    open_errors: Mapping[str, int] = field(default_factory=dict)
+    read_errors: Mapping[str, int] = field(default_factory=dict)
+    list_errors: Mapping[str, int] = field(default_factory=dict)
+    requested: list[int] = field(default_factory=list)
+    returned: list[int] = field(default_factory=list)
+    open_fds: dict[int, str] = field(default_factory=dict)
+
+    def calls(self) -> OsCalls:
+        """The OsCalls to give the reader."""
+        return OsCalls(open=self._open, read=self._read, close=self._close, listdir=self._listdir)
+
+    @staticmethod
+    def _match(path: str, table: Mapping[str, int]) -> int | None:
+        for suffix, err in table.items():
+            if path.endswith(suffix):
+                return err
+        return None
+
+    def _open(self, path: str, flags: int) -> int:
+        err = self._match(path, self.open_errors)
+        if err is not None:
+            raise OSError(err, os.strerror(err), path)
+        fd = os.open(path, flags)
+        self.open_fds[fd] = path
+        return fd
+
+    def _read(self, fd: int, size: int) -> bytes:
+        self.requested.append(size)
+        err = self._match(self.open_fds.get(fd, ""), self.read_errors)
+        if err is not None:
+            raise OSError(err, os.strerror(err))
+        data = os.read(fd, size)
+        self.returned.append(len(data))
+        return data
+
+    def _close(self, fd: int) -> None:
+        self.open_fds.pop(fd, None)
+        os.close(fd)
+
+    def _listdir(self, path: str) -> list[str]:
+        err = self._match(path, self.list_errors)
+        if err is not None:
+            raise OSError(err, os.strerror(err), path)
+        return os.listdir(path)
