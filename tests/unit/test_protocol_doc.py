@@ -19,11 +19,12 @@ DOC = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
 
 
 def _structs() -> list[type[msgspec.Struct]]:
-    found = []
+    found: list[type[msgspec.Struct]] = []
     for module in (proto.base, proto.telemetry, proto.events, proto.qos, proto.jobs):
         for _, obj in inspect.getmembers(module, inspect.isclass):
-            is_own_struct = issubclass(obj, msgspec.Struct) and obj.__module__ == module.__name__
-            if is_own_struct and msgspec.structs.fields(obj):
+            if not issubclass(obj, msgspec.Struct) or obj.__module__ != module.__name__:
+                continue
+            if msgspec.structs.fields(obj):
                 found.append(obj)
     return found
 
