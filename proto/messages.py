@@ -6,6 +6,7 @@ from typing import Final, get_args
 
 from proto.events import Command, CommandReply, ControllerEvent, NodeEvent
 from proto.jobs import Job, JobStatus
+from proto.nodes import NodeRecord
 from proto.qos import QosProfile
 from proto.telemetry import TelemetryBatch
 
@@ -18,6 +19,7 @@ AnyMessage = (
     | QosProfile
     | Job
     | JobStatus
+    | NodeRecord
 )
 """Every message that may travel on a subject; the tag table is derived from it."""
 
