@@ -17,18 +17,25 @@ The reader is synchronous; a collector runs its whole scan in one worker thread.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import enum
 import errno
 import fnmatch
+import functools
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 DEFAULT_MAX_BYTES = 64 * 1024
+_PAGE = 4096
+_MAX_LINK_DEPTH = 40
 """The largest attribute read in full; sysfs text attributes are at most one page."""
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -90,11 +97,22 @@ class OsCalls:
     listdir: Callable[[str], list[str]] = os.listdir
 
 
+@functools.lru_cache(maxsize=8192)
 def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     """Sort key that orders ``hwmon2`` before ``hwmon10``."""
     return tuple(
         (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part
     )
+
+
+def _escapes(rel: str) -> bool:
+    """True when ``rel`` is absolute or its ``..`` parts climb above the root."""
+    if rel.startswith("/"):
+        return True
+    if ".." not in rel:
+        return False
+    norm = posixpath.normpath(rel)
+    return norm == ".." or norm.startswith("../")
 
 
 def _classify(exc: OSError) -> ReadStatus:
@@ -125,33 +143,110 @@ class SysfsReader:
         self.max_bytes = max_bytes
         self._os = os_calls or OsCalls()
         self._real_root = os.path.realpath(self.root)
+        self._prefix = self._real_root.rstrip("/") + "/"
+        self._physical: dict[str, str | None] = {}
+        self._by_rel: dict[str, str | None] = {}
+
+    def clear_cache(self) -> None:
+        """Forget resolved symlinks; :func:`run_scan` calls it before each scan, so a
+        hot-plugged device's links are followed afresh while one scan resolves each
+        link only once."""
+        self._physical.clear()
+        self._by_rel.clear()
 
     def display(self, rel: str) -> str:
         """The path to show in an error entry for ``rel``."""
         return str(self.root / rel) if rel else str(self.root)
 
+    def _child(self, base: str, name: str, depth: int) -> str | None:
+        """The physical path of ``base/name`` (``base`` is physical); None on a loop.
+
+        Like ``os.path.realpath`` but memoised per scan: a sysfs tree resolves the same
+        ``device`` and ``bus/pci/devices`` links over and over.
+        """
+        path = os.path.join(base, name)
+        if path in self._physical:
+            return self._physical[path]
+        try:
+            is_link = stat.S_ISLNK(os.lstat(path).st_mode)
+        except (OSError, ValueError):
+            is_link = False  # absent: whoever opens it gets the errno
+        result: str | None = path
+        if is_link:
+            try:
+                target = os.readlink(path)
+            except (OSError, ValueError):
+                target = None
+            if target is None or depth > _MAX_LINK_DEPTH:
+                result = None
+            else:
+                result = self._walk("/" if posixpath.isabs(target) else base, target, depth + 1)
+        self._physical[path] = result
+        return result
+
+    def _walk(self, base: str, rel: str, depth: int = 0) -> str | None:
+        """Resolve ``rel`` component by component from the physical directory ``base``."""
+        current: str | None = base
+        for part in rel.split("/"):
+            if current is None:
+                return None
+            if part in ("", "."):
+                continue
+            if part == "..":
+                current = posixpath.dirname(current) or "/"
+            else:
+                current = self._child(current, part, depth)
+        return current
+
+    def _resolve_rel(self, rel: str) -> str | None:
+        """The physical path of root-relative ``rel`` inside the root (memoised)."""
+        if rel in self._by_rel:
+            return self._by_rel[rel]
+        real = self._by_rel[rel] = self._inside(self._walk(self._real_root, rel))
+        return real
+
+    def _inside(self, real: str | None) -> str | None:
+        if real is None:
+            return None
+        return real if real == self._real_root or real.startswith(self._prefix) else None
+
     def _real(self, rel: str) -> str | None:
         """The symlink-free absolute path of ``rel``, or None if it is outside the root."""
-        norm = posixpath.normpath(rel) if rel else "."
-        if posixpath.isabs(rel) or norm == ".." or norm.startswith("../"):
+        if _escapes(rel):
             return None
-        try:
-            real = os.path.realpath(os.path.join(self._real_root, rel))
-        except (OSError, ValueError):
+        return self._resolve_rel(rel)
+
+    def _unresolved(self, rel: str) -> str | None:
+        """``rel`` under its resolved parent, last component as is (None: outside)."""
+        if _escapes(rel):
             return None
-        if real == self._real_root or real.startswith(self._real_root.rstrip("/") + "/"):
-            return real
-        return None
+        parent, name = posixpath.split(rel.rstrip("/"))
+        if name in ("", ".", ".."):
+            return self._real(rel)
+        real_parent = self._resolve_rel(parent)
+        return None if real_parent is None else os.path.join(real_parent, name)
 
     def read(self, rel: str) -> ReadResult:
-        """Read one attribute (decoded UTF-8, invalid bytes replaced; not stripped)."""
-        real = self._real(rel)
-        if real is None:
+        """Read one attribute (decoded UTF-8, invalid bytes replaced; not stripped).
+
+        Attributes are plain files, so the common path is one ``open(O_NOFOLLOW)``; an
+        attribute that is a symlink (ELOOP) is resolved and checked against the root.
+        """
+        path = self._unresolved(rel)
+        if path is None:
             return ReadResult(ReadStatus.ERROR, error=_ESCAPES)
         try:
-            fd = self._os.open(real, _OPEN_FLAGS)
+            fd = self._os.open(path, _OPEN_FLAGS | os.O_NOFOLLOW)
         except OSError as exc:
-            return ReadResult(_classify(exc), error=_describe(exc))
+            if exc.errno != errno.ELOOP:
+                return ReadResult(_classify(exc), error=_describe(exc))
+            real = self._real(rel)
+            if real is None:
+                return ReadResult(ReadStatus.ERROR, error=_ESCAPES)
+            try:
+                fd = self._os.open(real, _OPEN_FLAGS)
+            except OSError as exc2:
+                return ReadResult(_classify(exc2), error=_describe(exc2))
         try:
             return self._read_fd(fd)
         finally:
@@ -171,6 +266,8 @@ class SysfsReader:
                 break
             chunks.append(chunk)
             total += len(chunk)
+            if len(chunk) < _PAGE:
+                break  # sysfs fills an attribute in one read of at most a page
         if total > self.max_bytes:
             return ReadResult(
                 ReadStatus.ERROR, error=f"attribute larger than {self.max_bytes} bytes"
@@ -222,3 +319,25 @@ class SysfsReader:
         if real == self._real_root:
             return ""
         return real[len(self._real_root.rstrip("/")) + 1 :]
+
+
+_SCAN_WORKERS = 2
+_scan_pool: concurrent.futures.ThreadPoolExecutor | None = None
+R = TypeVar("R")
+
+
+async def run_scan(scan: Callable[[SysfsReader], R], reader: SysfsReader) -> R:
+    """Run one collector's whole scan off the event loop, in the sysfs scan pool.
+
+    A small dedicated pool rather than asyncio's default executor: sysfs scans are short
+    and CPU-bound in Python, so running every collector's scan at once on many threads
+    only adds GIL contention; two workers still let one scan go on while another sits
+    in a slow driver read.  Each scan starts from freshly resolved symlinks.
+    """
+    global _scan_pool
+    if _scan_pool is None:
+        _scan_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=_SCAN_WORKERS, thread_name_prefix="sysfs-scan"
+        )
+    reader.clear_cache()
+    return await asyncio.get_running_loop().run_in_executor(_scan_pool, scan, reader)

@@ -6,7 +6,7 @@ from typing import Final, get_args
 
 from proto.events import Command, CommandReply, ControllerEvent, NodeEvent
 from proto.jobs import Job, JobStatus
-from proto.nodes import NodeRecord
+from proto.nodes import NodeRecord, RailState
 from proto.qos import QosProfile
 from proto.telemetry import TelemetryBatch
 
@@ -20,6 +20,7 @@ AnyMessage = (
     | Job
     | JobStatus
     | NodeRecord
+    | RailState
 )
 """Every message that may travel on a subject; the tag table is derived from it."""
 

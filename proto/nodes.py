@@ -2,13 +2,14 @@
 
 A restarted controller resumes from these records, so every field a decision depends on
 (hysteresis counters, isolation history, operator holds) lives here, not in memory.
+RailState is the same for a cluster's safety rail (docs/lifecycle.md).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from proto.base import Message, NodeIdentity, NonNegInt, Reason, Record
+from proto.base import Message, NodeIdentity, NonNegInt, Reason, Record, Token
 
 Grade = Literal["HEALTHY", "SUB_HEALTHY", "FAILING", "MAINTENANCE", "UNREACHABLE"]
 GRADES: tuple[Grade, ...] = ("HEALTHY", "SUB_HEALTHY", "FAILING", "MAINTENANCE", "UNREACHABLE")
@@ -37,8 +38,14 @@ class NodeRecord(Message, frozen=True, tag="node_record"):
     """Why the node has its current score (empty when nothing is wrong)."""
     rack: str = ""
     cordoned: bool = False
-    """An operator took the node out of service (cordon or maintenance)."""
+    """An operator took the node out of service (cordon or maintenance): no new work."""
+    maintenance: bool = False
+    """An operator put the node in MAINTENANCE: its grade stays there until uncordon."""
     operator_reason: str = ""
+    operator_by: str = ""
+    """Who cordoned it or put it in maintenance (``operator:<name>``)."""
+    operator_ts: float | None = None
+    """When the operator's cordon or maintenance began."""
     clean_cycles: NonNegInt = 0
     """Consecutive clean assessments while in a bad grade (hysteresis)."""
     isolations: tuple[float, ...] = ()
@@ -47,10 +54,27 @@ class NodeRecord(Message, frozen=True, tag="node_record"):
     """A repeat offender: stays out until an operator uncordons it."""
     rail_flagged: bool = False
     """Would have been isolated, but the safety rail held it in service."""
+    unreachable_from: Grade | None = None
+    """While UNREACHABLE: the grade it had when it went silent."""
     running_jobs: NonNegInt = 0
     last_seen_ts: float | None = None
+    """Controller time of the last accepted assessment."""
+    last_sent_ts: float | None = None
+    """The node's own time stamp of that batch (tells a replay from a reset ``seq``)."""
     last_seq: NonNegInt = 0
     interval_s: float = 0.0
     history: tuple[GradeChange, ...] = ()
     """The most recent grade changes, oldest first (bounded)."""
+    updated_ts: float = 0.0
+
+
+class RailState(Message, frozen=True, tag="rail_state"):
+    """The safety rail of one cluster: its recent automatic isolations."""
+
+    region: Token
+    cluster: Token
+    isolations: tuple[float, ...] = ()
+    """Times of automatic isolations within the rail window."""
+    tripped_ts: float | None = None
+    """When the rail last raised its alert (at most one per window)."""
     updated_ts: float = 0.0

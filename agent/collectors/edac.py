@@ -7,12 +7,11 @@ error entry, never the controller.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Mapping
 
 from agent.collectors.base import BatchField, Collected, CollectorSettings, register
-from agent.sysfs import ReadStatus, SysfsReader, natural_key
+from agent.sysfs import ReadStatus, SysfsReader, natural_key, run_scan
 from proto.telemetry import CollectorError, EdacChannel, EdacController, EdacCsrow, EdacDimm
 
 MC_DIR = "devices/system/edac/mc"
@@ -189,5 +188,5 @@ class EdacCollector:
 
     async def collect(self) -> Collected:
         """Scan the controllers off the event loop."""
-        controllers, errors = await asyncio.to_thread(scan_edac, self._reader)
+        controllers, errors = await run_scan(scan_edac, self._reader)
         return Collected(field=self.field, items=tuple(controllers), errors=tuple(errors))

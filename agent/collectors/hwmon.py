@@ -6,7 +6,6 @@ its name across reboots even though ``hwmonN`` numbering is not stable.
 
 from __future__ import annotations
 
-import asyncio
 import posixpath
 import re
 from collections import Counter
@@ -14,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.collectors.base import BatchField, Collected, CollectorSettings, register
-from agent.sysfs import ReadStatus, SysfsReader, natural_key
+from agent.sysfs import ReadStatus, SysfsReader, natural_key, run_scan
 from proto.telemetry import CollectorError, Fan, HwmonChip, Temperature
 
 HWMON_DIR = "class/hwmon"
@@ -229,5 +228,5 @@ class HwmonCollector:
 
     async def collect(self) -> Collected:
         """Scan the chips off the event loop."""
-        chips, errors = await asyncio.to_thread(scan_hwmon, self._reader)
+        chips, errors = await run_scan(scan_hwmon, self._reader)
         return Collected(field=self.field, items=tuple(chips), errors=tuple(errors))

@@ -6,7 +6,6 @@ count downgrades and recoveries since the agent started.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from typing import TypeVar
 import msgspec
 
 from agent.collectors.base import BatchField, Collected, CollectorSettings, register
-from agent.sysfs import ReadStatus, SysfsReader
+from agent.sysfs import ReadStatus, SysfsReader, run_scan
 from proto.telemetry import AerCounters, CollectorError, PcieDevice
 
 DEVICES_DIR = "bus/pci/devices"
@@ -231,6 +230,6 @@ class PcieCollector:
 
     async def collect(self) -> Collected:
         """Scan the devices off the event loop, then advance the link tracker."""
-        devices, errors = await asyncio.to_thread(scan_pcie, self._reader)
+        devices, errors = await run_scan(scan_pcie, self._reader)
         self._links, tracked = track_links(self._links, devices)
         return Collected(field=self.field, items=tracked, errors=tuple(errors))
