@@ -238,7 +238,9 @@ def _grade_before_silence(record: NodeRecord) -> Grade:
     return record.grade
 
 
-def recent_isolations(times: tuple[float, ...], now: float, cfg: LifecycleConfig) -> tuple[float, ...]:
+def recent_isolations(
+    times: tuple[float, ...], now: float, cfg: LifecycleConfig
+) -> tuple[float, ...]:
     """The isolation times still inside the repeat-offender window (D days)."""
     start = now - cfg.repeat_offender_days * SECONDS_PER_DAY
     return tuple(t for t in times if t > start)
@@ -333,14 +335,18 @@ def check_silence(
     )
 
 
-def update_jobs(record: NodeRecord, running_jobs: int, now: float, cfg: LifecycleConfig) -> Transition:
+def update_jobs(
+    record: NodeRecord, running_jobs: int, now: float, cfg: LifecycleConfig
+) -> Transition:
     """Take in the node's job count: a SUB_HEALTHY node with none enters MAINTENANCE."""
     if running_jobs == record.running_jobs:
         return Transition(record)
     base = replace(record, running_jobs=running_jobs, updated_ts=now)
     if record.grade != "SUB_HEALTHY" or running_jobs:
         return Transition(base)
-    return _change(base, "MAINTENANCE", now, cfg, record.reasons, "sub-healthy and its last job left")
+    return _change(
+        base, "MAINTENANCE", now, cfg, record.reasons, "sub-healthy and its last job left"
+    )
 
 
 # --- operators ------------------------------------------------------------------------
@@ -390,7 +396,15 @@ def operator(
         message = f"maintenance by {who}: {reason}"
         action_: Action | None = None if record.grade in OUT_OF_SERVICE else "isolate"
         return _change(
-            pinned, "MAINTENANCE", now, cfg, why, message, by=by, kind="node.maintenance", action=action_
+            pinned,
+            "MAINTENANCE",
+            now,
+            cfg,
+            why,
+            message,
+            by=by,
+            kind="node.maintenance",
+            action=action_,
         )
     if action == "uncordon":
         return _uncordon(record, reason, who, now, cfg, why)

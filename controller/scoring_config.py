@@ -118,20 +118,14 @@ class GrowthRule(_Section, frozen=True):
     max_penalty: Points
 
 
-class LinkDowngradeRule(_Section, frozen=True):
-    """A PCIe link below its maximum speed or width."""
+class LinkDowngradeRule(FlagRule, frozen=True):
+    """A PCIe link of an accelerator or NIC below its maximum speed or width."""
 
-    enabled: bool
     key_classes: tuple[PciClassPrefix, ...]
     """PCI class prefixes of accelerators and NICs (``0x02`` network, ``0x03`` display,
-    ``0x12`` processing accelerator): their downgrades are ``severity``."""
-    severity: Severity
-    penalty: Points
-    other_severity: Severity
-    other_penalty: Points
+    ``0x12`` processing accelerator); other devices fall to ``link_downgrade_other``."""
     speed_exempt_classes: tuple[PciClassPrefix, ...]
     """Classes whose speed drop alone is not a downgrade (GPUs lower it when idle)."""
-    max_penalty: Points
 
 
 class Grades(_Section, frozen=True):
@@ -169,9 +163,7 @@ def _threshold(
     )
 
 
-def _rate(
-    warning: float, severe: float, warning_penalty: float, severe_penalty: float
-) -> RateRule:
+def _rate(warning: float, severe: float, warning_penalty: float, severe_penalty: float) -> RateRule:
     return RateRule(
         enabled=True,
         window_s=3600.0,
@@ -211,14 +203,13 @@ class Rules(_Section, frozen=True):
     aer_correctable_rate: RateRule = _rate(10, 100, 5, 20)
     link_downgrade: LinkDowngradeRule = LinkDowngradeRule(
         enabled=True,
-        key_classes=("0x02", "0x03", "0x12"),
         severity="severe",
         penalty=30,
-        other_severity="warning",
-        other_penalty=5,
-        speed_exempt_classes=("0x03",),
         max_penalty=60,
+        key_classes=("0x02", "0x03", "0x12"),
+        speed_exempt_classes=("0x03",),
     )
+    link_downgrade_other: FlagRule = _flag("warning", 5, 15)
     link_retrains: WindowThresholdRule = WindowThresholdRule(
         enabled=True, severity="warning", penalty=5, max_penalty=20, threshold=3, window_s=3600
     )
@@ -264,14 +255,13 @@ class Rules(_Section, frozen=True):
     collector_failed: FlagRule = _flag("warning", 2, 10)
     counter_reset: FlagRule = _flag("info", 0, 0)
 
-
     def get(self, key: str) -> AnyRule:
         """The settings of the rule named ``key`` (a field of this table)."""
         rule: AnyRule = getattr(self, key)
         return rule
 
 
-AnyRule = FlagRule | LevelPenalties | GrowthRule | LinkDowngradeRule
+AnyRule = FlagRule | LevelPenalties | GrowthRule
 RULE_KEYS: tuple[str, ...] = Rules.__struct_fields__
 """Every rule's key, in the order of the config file."""
 

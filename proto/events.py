@@ -26,8 +26,11 @@ CONTROLLER_EVENT_KINDS: frozenset[str] = frozenset(
         "node.isolated",
         "node.sub_healthy",
         "node.maintenance",
-        "node.uncordoned",
         "node.unreachable",
+        "node.returned",
+        "node.held",
+        "node.cordoned",
+        "node.uncordoned",
         "job.queued",
         "job.placed",
         "job.checkpointed",
@@ -37,7 +40,7 @@ CONTROLLER_EVENT_KINDS: frozenset[str] = frozenset(
         "qos.applied",
         "qos.drift",
         "qos.unsupported",
-        "safety.rail_hit",
+        "rail.tripped",
     }
 )
 """Documented decision kinds (docs/protocol.md); the set grows without a version bump."""

@@ -80,7 +80,11 @@ def _correctable(mc: EdacController) -> Iterator[tuple[str, str, int]]:
             channels = [(c, c.ce_count) for c in row.channels if c.ce_count is not None]
             for ch, count in channels:
                 name = f"csrow{row.csrow} channel {ch.channel}"
-                yield f"{prefix}.csrow{row.csrow}.ch{ch.channel}.ce", _dimm(mc.mc, name, ch.label), count
+                yield (
+                    f"{prefix}.csrow{row.csrow}.ch{ch.channel}.ce",
+                    _dimm(mc.mc, name, ch.label),
+                    count,
+                )
             if not channels and row.ce_count is not None:
                 yield f"{prefix}.csrow{row.csrow}.ce", f"mc{mc.mc} csrow{row.csrow}", row.ce_count
     elif mc.ce_count is not None:
@@ -106,5 +110,7 @@ def _uncorrectable(mc: EdacController) -> Iterator[tuple[str, str, int]]:
     if not parts and mc.ue_count:
         parts.append(("edac.ue_count", f"mc{mc.mc}", mc.ue_count))
     if mc.ue_noinfo_count:
-        parts.append(("edac.ue_noinfo_count", f"mc{mc.mc} (without DIMM information)", mc.ue_noinfo_count))
+        parts.append(
+            ("edac.ue_noinfo_count", f"mc{mc.mc} (without DIMM information)", mc.ue_noinfo_count)
+        )
     yield from parts

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Literal
 
-from controller.rules.base import Context, Finding, finding, flagged, plural, rate_finding
+from controller.rules.base import Context, Finding, flagged, plural, rate_finding
+from controller.scoring_config import ThresholdRule
 from proto.telemetry import PcieDevice, TelemetryBatch
 
 TOTAL_PREFIX = "TOTAL_ERR_"
@@ -15,37 +17,43 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
     """Per device: correctable AER errors and link retrains."""
     for dev in batch.pcie:
         if dev.aer is not None:
-            yield _cor_key(dev), _total(dev.aer.correctable, "TOTAL_ERR_COR")
+            yield _cor_key(dev), _correctable(dev.aer.correctable)
         yield _retrain_key(dev), dev.retrains
 
 
-def aer_uncorrectable(ctx: Context) -> Iterator[Finding]:
-    """Any fatal (rule ``aer_fatal``) or non-fatal (``aer_nonfatal``) AER error."""
-    for key, counts, total, kind in (
-        ("aer_fatal", "fatal", "TOTAL_ERR_FATAL", "fatal"),
-        ("aer_nonfatal", "nonfatal", "TOTAL_ERR_NONFATAL", "non-fatal"),
-    ):
-        rule = ctx.rules.aer_fatal if key == "aer_fatal" else ctx.rules.aer_nonfatal
-        if not rule.enabled:
+def aer_fatal(ctx: Context) -> Iterator[Finding]:
+    """Any fatal AER error (``TOTAL_ERR_FATAL`` or a named counter): fatal by default."""
+    yield from _uncorrectable(ctx, "aer_fatal", ctx.rules.aer_fatal, "fatal")
+
+
+def aer_nonfatal(ctx: Context) -> Iterator[Finding]:
+    """Any non-fatal uncorrectable AER error: fatal by default."""
+    yield from _uncorrectable(ctx, "aer_nonfatal", ctx.rules.aer_nonfatal, "nonfatal")
+
+
+def _uncorrectable(
+    ctx: Context, key: str, rule: ThresholdRule, kind: Literal["fatal", "nonfatal"]
+) -> Iterator[Finding]:
+    if not rule.enabled:
+        return
+    for dev in ctx.batch.pcie:
+        if dev.aer is None:
             continue
-        for dev in ctx.batch.pcie:
-            if dev.aer is None:
-                continue
-            named: Mapping[str, int] = getattr(dev.aer, counts)
-            count = _total(named, total)
-            if count > 0 and count >= rule.threshold:
-                which = ", ".join(
-                    f"{name} {n}" for name, n in named.items() if n and not _is_total(name)
-                )
-                yield flagged(
-                    key,
-                    rule,
-                    signal=f"pcie.aer.{counts}",
-                    value=count,
-                    threshold=rule.threshold,
-                    message=f"{_subject(dev)} has {plural(count, f'{kind} AER error')}"
-                    + (f" ({which})" if which else ""),
-                )
+        counts = dev.aer.fatal if kind == "fatal" else dev.aer.nonfatal
+        named = {name: n for name, n in counts.items() if n and not _is_total(name)}
+        count = max(counts.get(f"{TOTAL_PREFIX}{kind.upper()}", 0), sum(named.values()))
+        if count > 0 and count >= rule.threshold:
+            which = ", ".join(f"{name} {n}" for name, n in named.items())
+            label = "fatal" if kind == "fatal" else "non-fatal"
+            yield flagged(
+                key,
+                rule,
+                signal=f"pcie.aer.{kind}",
+                value=count,
+                threshold=rule.threshold,
+                message=f"{_subject(dev)} has {plural(count, f'{label} AER error')}"
+                + (f" ({which})" if which else ""),
+            )
 
 
 def aer_correctable_rate(ctx: Context) -> Iterator[Finding]:
@@ -70,30 +78,21 @@ def aer_correctable_rate(ctx: Context) -> Iterator[Finding]:
 
 
 def link_downgrade(ctx: Context) -> Iterator[Finding]:
-    """A link below its max speed or width: severe on accelerators and NICs."""
-    rule = ctx.rules.link_downgrade
-    if not rule.enabled:
-        return
+    """A link below its max speed or width: ``link_downgrade`` on accelerators and NICs,
+    ``link_downgrade_other`` on the rest (bridges, disks, ...)."""
+    key_rule, other_rule = ctx.rules.link_downgrade, ctx.rules.link_downgrade_other
     for dev in ctx.batch.pcie:
-        width_down = _below(dev.current_link_width, dev.max_link_width)
-        speed_down = _below(dev.current_link_speed_gts, dev.max_link_speed_gts)
-        if speed_down and _is_class(dev, rule.speed_exempt_classes):
-            speed_down = False
-        known = None not in (dev.current_link_width, dev.max_link_width) or None not in (
-            dev.current_link_speed_gts,
-            dev.max_link_speed_gts,
-        )
-        if not (width_down or speed_down or (dev.downgraded and not known)):
+        if not _downgraded(dev, key_rule.speed_exempt_classes):
             continue
-        key_device = _is_class(dev, rule.key_classes)
-        severity = rule.severity if key_device else rule.other_severity
-        penalty = rule.penalty if key_device else rule.other_penalty
+        key_device = _is_class(dev, key_rule.key_classes)
+        rule = key_rule if key_device else other_rule
+        if not rule.enabled:
+            continue
         current = _link(dev.current_link_speed_gts, dev.current_link_width)
         maximum = _link(dev.max_link_speed_gts, dev.max_link_width)
-        yield finding(
-            "link_downgrade",
-            severity,
-            penalty,
+        yield flagged(
+            "link_downgrade" if key_device else "link_downgrade_other",
+            rule,
             signal="pcie.link_downgrade",
             value=current,
             threshold=maximum,
@@ -120,7 +119,7 @@ def link_retrains(ctx: Context) -> Iterator[Finding]:
             )
 
 
-RULES = (aer_uncorrectable, aer_correctable_rate, link_downgrade, link_retrains)
+RULES = (aer_fatal, aer_nonfatal, aer_correctable_rate, link_downgrade, link_retrains)
 
 
 def _cor_key(dev: PcieDevice) -> str:
@@ -135,10 +134,24 @@ def _is_total(name: str) -> bool:
     return name.startswith(TOTAL_PREFIX)
 
 
-def _total(counts: Mapping[str, int], total: str) -> int:
-    """The kernel's total, else the sum of the named counters (the larger if both)."""
-    named = sum(n for name, n in counts.items() if not _is_total(name))
-    return max(counts.get(total, 0), named)
+def _correctable(counts: Mapping[str, int]) -> int:
+    """``TOTAL_ERR_COR``, else the sum of the named correctable counters."""
+    total = counts.get(f"{TOTAL_PREFIX}COR")
+    return total if total is not None else sum(n for k, n in counts.items() if not _is_total(k))
+
+
+def _downgraded(dev: PcieDevice, speed_exempt: tuple[str, ...]) -> bool:
+    """Below max width, or below max speed unless the class is exempt from speed drops.
+
+    Without both readings of either pair, the agent's own ``downgraded`` flag decides.
+    """
+    width = (dev.current_link_width, dev.max_link_width)
+    speed = (dev.current_link_speed_gts, dev.max_link_speed_gts)
+    if None in width and None in speed:
+        return dev.downgraded
+    if _below(*width):
+        return True
+    return _below(*speed) and not _is_class(dev, speed_exempt)
 
 
 def _is_class(dev: PcieDevice, prefixes: tuple[str, ...]) -> bool:

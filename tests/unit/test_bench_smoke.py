@@ -38,3 +38,34 @@ def test_proto_bench_quick_prints_the_table() -> None:
     ), "msgpack is the smaller encoding"
     assert re.search(r"^encode: msgpack/JSON = [\d.]+x", out, re.M)
     assert re.search(r"^decode: msgpack/JSON = [\d.]+x", out, re.M)
+
+
+AGENT_BENCH = BENCH.parent / "agent_bench.py"
+
+
+def test_agent_bench_quick_prints_figures() -> None:
+    result = subprocess.run(
+        [sys.executable, str(AGENT_BENCH), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {
+        m.group(1): (float(m.group(2)), float(m.group(4)), int(m.group(5)))
+        for line in result.stdout.splitlines()
+        if (
+            m := re.match(r"^(metalguard [\w+()]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$", line)
+        )
+    }
+    assert set(rows) == {
+        "metalguard edac+pcie+hwmon",
+        "metalguard edac+hwmon",
+        "metalguard edac+pcie+hwmon+smart(json)",
+    }, result.stdout
+    for cpu_ms, rss_mib, items in rows.values():
+        assert cpu_ms > 0
+        assert rss_mib > 0
+        assert items > 0
+    assert "node_exporter" in result.stdout  # its row, or why there is no ratio

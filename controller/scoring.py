@@ -1,0 +1,126 @@
+"""Scoring: a node's signal history and its new batch -> a score 0-100 with its reasons.
+
+Pure: no I/O and no clock; the time of every sample is ``batch.ts``. The model
+(docs/scoring.md): every rule in :mod:`controller.rules` turns readings into findings,
+each a :class:`proto.base.Reason` with a severity and a penalty. The score is 100 minus
+the penalties (the findings of one rule cost at most its ``max_penalty``), clamped to
+0-100. The grade follows from the score, except that any fatal finding makes it FAILING.
+Findings of severity ``info`` are notes: they explain, they cost nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from controller.rules import COUNTER_SOURCES, RULES, Context, Finding
+from controller.scoring_config import (
+    DEFAULT_SCORING,
+    SEVERITIES,
+    Grades,
+    Rules,
+    ScoringConfig,
+)
+from controller.scoring_signals import NodeSignals, observe
+from proto.base import Reason
+from proto.nodes import Grade
+from proto.telemetry import TelemetryBatch
+
+FULL_SCORE = 100.0
+
+__all__ = ["Assessment", "Finding", "NodeSignals", "assess", "grade_for", "summarize"]
+
+
+class Assessment(msgspec.Struct, frozen=True, kw_only=True):
+    """A node's health after one batch: score, grade and why."""
+
+    score: float
+    """0-100: 100 minus the penalties charged."""
+    grade: Grade
+    """HEALTHY, SUB_HEALTHY or FAILING."""
+    fatal: bool
+    """A fatal finding: FAILING whatever the score."""
+    findings: tuple[Finding, ...] = ()
+    """What costs points, most serious first; ``penalty`` is what each was charged."""
+    notes: tuple[Reason, ...] = ()
+    """Information that costs nothing (counter resets, an unreachable BMC)."""
+
+    @property
+    def reasons(self) -> tuple[Reason, ...]:
+        """The reasons of the findings, sorted by severity then penalty."""
+        return tuple(f.reason for f in self.findings)
+
+
+def assess(
+    signals: NodeSignals | None,
+    batch: TelemetryBatch,
+    config: ScoringConfig = DEFAULT_SCORING,
+) -> tuple[NodeSignals, Assessment]:
+    """Take ``batch`` into the node's history and score it.
+
+    ``signals`` is what the previous call returned for this node (None for the first
+    batch). Returns the new history, to pass with the next batch, and the assessment.
+    """
+    values: dict[str, int] = {}
+    for source in COUNTER_SOURCES:
+        values.update(source(batch))
+    updated = observe(
+        signals,
+        batch.ts,
+        values,
+        retention_s=config.retention_s(),
+        max_samples=config.history.max_samples_per_key,
+    )
+    ctx = Context(batch=batch, signals=updated, config=config)
+    found = [item for rule in RULES for item in rule(ctx)]
+    return updated, summarize(found, config)
+
+
+def summarize(found: Iterable[Finding], config: ScoringConfig = DEFAULT_SCORING) -> Assessment:
+    """Sort ``found``, charge penalties within each rule's cap, and grade the result."""
+    items = list(found)
+    notes = [item.reason for item in items if item.severity == "info"]
+    scored = sorted((item for item in items if item.severity != "info"), key=_rank)
+    charged = _charge(scored, config.rules)
+    total = sum(item.penalty for item in charged)
+    score = min(FULL_SCORE, max(0.0, FULL_SCORE - total))
+    fatal = any(item.severity == "fatal" for item in charged)
+    return Assessment(
+        score=score,
+        grade=grade_for(score, fatal, config.grades),
+        fatal=fatal,
+        findings=tuple(charged),
+        notes=tuple(sorted(notes, key=lambda r: (r.rule, r.signal, r.message))),
+    )
+
+
+def grade_for(score: float, fatal: bool, grades: Grades) -> Grade:
+    """HEALTHY at or above ``healthy_min``, SUB_HEALTHY at or above ``sub_healthy_min``."""
+    if fatal or score < grades.sub_healthy_min:
+        return "FAILING"
+    return "HEALTHY" if score >= grades.healthy_min else "SUB_HEALTHY"
+
+
+def _rank(item: Finding) -> tuple[int, float, str, str, str]:
+    reason = item.reason
+    return (
+        SEVERITIES.index(item.severity),
+        -item.penalty,
+        reason.rule,
+        reason.signal,
+        reason.message,
+    )
+
+
+def _charge(findings: list[Finding], rules: Rules) -> list[Finding]:
+    """Each finding with the penalty actually charged: a rule's total stops at its cap."""
+    spent: dict[str, float] = {}
+    out: list[Finding] = []
+    for item in findings:
+        rule = item.reason.rule
+        left = max(0.0, rules.get(rule).max_penalty - spent.get(rule, 0.0))
+        cost = min(item.penalty, left)
+        spent[rule] = spent.get(rule, 0.0) + cost
+        out.append(msgspec.structs.replace(item, penalty=cost))
+    return out
