@@ -135,17 +135,33 @@ def run_node_exporter(binary: str, scrapes: int) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=300)
-    parser.add_argument("--quick", action="store_true", help="few cycles (smoke test)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (best kept)")
+    parser.add_argument("--quick", action="store_true", help="few cycles, one round (smoke)")
     args = parser.parse_args()
     cycles = 20 if args.quick else args.cycles
 
-    mg = run_metalguard(cycles, "edac,pcie,hwmon", smart=False)
-    mg_same = run_metalguard(cycles, "edac,hwmon", smart=False)
-    mg_smart = run_metalguard(cycles, "edac,pcie,hwmon,smart", smart=True)
     binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    ne = run_node_exporter(binary, cycles) if binary else None
+    rounds = 1 if args.quick else args.rounds
+    best: dict[str, dict[str, float]] = {}
 
-    print(f"fixture tree: {SYSFS.relative_to(ROOT)}; {cycles} cycles each")
+    def keep_best(name: str, figures: dict[str, float]) -> None:
+        if name not in best or figures["cpu_per_cycle_s"] < best[name]["cpu_per_cycle_s"]:
+            best[name] = figures
+
+    # Interleaved rounds, best of each: a noisy neighbour slows every side alike.
+    for _ in range(rounds):
+        keep_best("mg", run_metalguard(cycles, "edac,pcie,hwmon", smart=False))
+        keep_best("mg_same", run_metalguard(cycles, "edac,hwmon", smart=False))
+        keep_best("mg_smart", run_metalguard(cycles, "edac,pcie,hwmon,smart", smart=True))
+        if binary:
+            keep_best("ne", run_node_exporter(binary, cycles))
+    mg, mg_same, mg_smart = best["mg"], best["mg_same"], best["mg_smart"]
+    ne = best.get("ne")
+
+    print(
+        f"fixture tree: {SYSFS.relative_to(ROOT)}; {cycles} cycles each, "
+        f"best of {rounds} interleaved rounds"
+    )
     print(f"{'':38} {'CPU ms/cycle':>13} {'wall ms/cycle':>14} {'peak RSS MiB':>13} {'items':>6}")
 
     def row(name: str, r: dict[str, float]) -> None:
