@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from msgspec.structs import replace
 
-from controller.lifecycle import Decision, LifecycleConfig, Transition
+from controller.lifecycle_model import Decision, LifecycleConfig, Transition
 from proto.base import Reason
 from proto.nodes import RailState
 

@@ -10,6 +10,7 @@ Findings of severity ``info`` are notes: they explain, they cost nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import msgspec
@@ -82,8 +83,7 @@ def summarize(found: Iterable[Finding], config: ScoringConfig = DEFAULT_SCORING)
     items = list(found)
     notes = [item.reason for item in items if item.severity == "info"]
     scored = sorted((item for item in items if item.severity != "info"), key=_rank)
-    charged = _charge(scored, config.rules)
-    total = sum(item.penalty for item in charged)
+    charged, total = _charge(scored, config.rules)
     score = min(FULL_SCORE, max(0.0, FULL_SCORE - total))
     fatal = any(item.severity == "fatal" for item in charged)
     return Assessment(
@@ -113,14 +113,24 @@ def _rank(item: Finding) -> tuple[int, float, str, str, str]:
     )
 
 
-def _charge(findings: list[Finding], rules: Rules) -> list[Finding]:
-    """Each finding with the penalty actually charged: a rule's total stops at its cap."""
-    spent: dict[str, float] = {}
+def _charge(findings: list[Finding], rules: Rules) -> tuple[list[Finding], float]:
+    """Each finding with the penalty it is charged, and the total charged.
+
+    A rule's total is the sum of its penalties, at most its ``max_penalty``; summed with
+    ``math.fsum`` so that one more finding can never lower it, whatever the order.
+    """
+    penalties: dict[str, list[float]] = {}
+    for item in findings:
+        penalties.setdefault(item.reason.rule, []).append(item.penalty)
+    totals = {
+        rule: min(rules.get(rule).max_penalty, math.fsum(values))
+        for rule, values in penalties.items()
+    }
+    left = dict(totals)
     out: list[Finding] = []
     for item in findings:
         rule = item.reason.rule
-        left = max(0.0, rules.get(rule).max_penalty - spent.get(rule, 0.0))
-        cost = min(item.penalty, left)
-        spent[rule] = spent.get(rule, 0.0) + cost
+        cost = min(item.penalty, max(0.0, left[rule]))
+        left[rule] -= cost
         out.append(msgspec.structs.replace(item, penalty=cost))
-    return out
+    return out, math.fsum(totals.values())

@@ -4,7 +4,7 @@ Every rule has a table under ``[rules.<key>]``; a file only needs the keys it ch
 the rest keep their documented defaults (``examples/scoring.toml`` lists them all).
 A config error names the file, the key and the problem::
 
-    scoring.toml: rules.ecc_correctable_rate.window_s: Expected `float` > 0, got -1
+    scoring.toml: rules.ecc_correctable_rate.window_s: Expected `float` > 0.0
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ and the first after it are unknown and are not counted.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import pairwise
 
 import msgspec
 
@@ -35,22 +36,19 @@ class NodeSignals(msgspec.Struct, frozen=True, kw_only=True):
     counters: dict[str, CounterHistory] = {}
 
     def increase(self, key: str, window_s: float, now: float) -> int:
-        """How much ``key`` grew over the samples of the last ``window_s`` seconds.
+        """How much ``key`` grew in the last ``window_s`` seconds before ``now``.
 
-        Drops (resets) count as zero; an unknown key or a single sample grew by zero.
+        A rise counts at the time of the reading that shows it; drops (resets) count as
+        zero. An unknown key, or one with a single sample, grew by zero.
         """
         history = self.counters.get(key)
         if history is None:
             return 0
         start = now - window_s
         grown = 0
-        previous: int | None = None
-        for ts, value in history.samples:
-            if ts < start or ts > now:
-                continue
-            if previous is not None and value > previous:
-                grown += value - previous
-            previous = value
+        for (_, before), (ts, value) in pairwise(history.samples):
+            if start <= ts <= now and value > before:
+                grown += value - before
         return grown
 
     def reset_at(self, key: str, ts: float) -> bool:
@@ -71,7 +69,8 @@ def observe(
 
     A batch not newer than the last one (a redelivery) changes nothing. A time more than
     ``retention_s`` before the last one means the clock stepped back: history restarts.
-    Samples older than ``retention_s`` are dropped, then keys left without samples.
+    Samples older than ``retention_s`` are dropped (but for the newest of them, the base a
+    later rise is measured from), then keys with no sample newer than that.
     """
     current = signals or NodeSignals()
     if current.updated_ts is not None and ts <= current.updated_ts:
@@ -84,7 +83,7 @@ def observe(
         history = current.counters.get(key, CounterHistory())
         if key in values:
             history = _append(history, ts, values[key], max_samples)
-        kept = tuple(sample for sample in history.samples if sample[0] >= cutoff)
+        kept = _prune(history.samples, cutoff)
         if kept:
             counters[key] = msgspec.structs.replace(history, samples=kept)
     return NodeSignals(updated_ts=ts, counters=dict(sorted(counters.items())))
@@ -100,3 +99,11 @@ def _append(history: CounterHistory, ts: float, value: int, max_samples: int) ->
         samples = samples[:-1]
     samples = (*samples, (ts, value))[-max_samples:]
     return CounterHistory(samples=samples, resets=resets, last_reset_ts=last_reset_ts)
+
+
+def _prune(samples: tuple[Sample, ...], cutoff: float) -> tuple[Sample, ...]:
+    """The samples at or after ``cutoff`` and the one just before; none if all are older."""
+    first = next((i for i, (ts, _) in enumerate(samples) if ts >= cutoff), None)
+    if first is None:
+        return ()
+    return samples[max(0, first - 1) :]

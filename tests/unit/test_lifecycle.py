@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 from controller.lifecycle import (
     KIND_ENTERING,
     SECONDS_PER_DAY,
+    AssessedGrade,
     Decision,
     LifecycleConfig,
     Observation,
+    OperatorAction,
     Transition,
     accepts_new_work,
     check_silence,
@@ -28,7 +30,7 @@ from controller.lifecycle import (
 )
 from proto.base import NodeIdentity, Reason
 from proto.codec import decode, encode
-from proto.events import CONTROLLER_EVENT_KINDS
+from proto.events import CONTROLLER_EVENT_KINDS, ControllerEvent
 from proto.nodes import NodeRecord
 
 CFG = LifecycleConfig()
@@ -36,7 +38,17 @@ INTERVAL = 10.0
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
 SCORES = {"H": 95.0, "S": 65.0, "F": 30.0, "X": 90.0}
 """Observation steps: clean, sub-healthy, failing, fatal (with a high score)."""
-GRADE_OF = {"H": "HEALTHY", "S": "SUB_HEALTHY", "F": "FAILING", "X": "FAILING"}
+GRADE_OF: dict[str, AssessedGrade] = {
+    "H": "HEALTHY",
+    "S": "SUB_HEALTHY",
+    "F": "FAILING",
+    "X": "FAILING",
+}
+OPERATOR_ACTIONS: dict[str, OperatorAction] = {
+    "cordon": "cordon",
+    "uncordon": "uncordon",
+    "maintenance": "maintenance",
+}
 FAULT = Reason(signal="edac.ce_rate", value=40.0, threshold=10.0, rule="ecc", message="ECC")
 
 
@@ -49,7 +61,7 @@ def obs(step: str, ts: float, seq: int, jobs: int | None = None) -> Observation:
         ts=ts,
         seq=seq,
         score=SCORES[step],
-        grade=GRADE_OF[step],  # type: ignore[arg-type]
+        grade=GRADE_OF[step],
         fatal=step == "X",
         reasons=() if step == "H" else (FAULT,),
         interval_s=INTERVAL,
@@ -85,9 +97,10 @@ class Run:
         elif name == "day":
             self.now += float(arg) * SECONDS_PER_DAY
             t = Transition(self.record)
-        elif name in ("cordon", "uncordon", "maintenance"):
+        elif name in OPERATOR_ACTIONS:
             self.now += 1
-            t = operator(self.record, name, f"ticket {name}", "alice", self.now, self.cfg)  # type: ignore[arg-type]
+            action = OPERATOR_ACTIONS[name]
+            t = operator(self.record, action, f"ticket {name}", "alice", self.now, self.cfg)
         else:
             raise AssertionError(step)
         self.record = t.record  # the rail allows every isolation here
@@ -111,6 +124,10 @@ def cycles(n: int) -> list[str]:
 
 ISO, SUB, MNT, RET = "node.isolated", "node.sub_healthy", "node.maintenance", "node.returned"
 UNR, HELD, COR, UNC = "node.unreachable", "node.held", "node.cordoned", "node.uncordoned"
+TWICE = [ISO, RET] * 2
+HELD_3RD = [*TWICE, ISO, HELD]
+FORGOTTEN = [*HELD_3RD, UNC, *TWICE]
+"""Two isolations with recoveries; the third, which holds the node; after an uncordon."""
 
 # (name, start jobs, steps, final grade, decision kinds)
 TABLE: list[tuple[str, int, list[str], str, list[str]]] = [
@@ -159,21 +176,23 @@ TABLE: list[tuple[str, int, list[str], str, list[str]]] = [
     ("uncordon skips hysteresis", 2, ["F", "uncordon"], "HEALTHY", [ISO, UNC]),
     ("uncordon of a clean node", 2, ["uncordon"], "HEALTHY", []),
     ("uncordon while silent", 2, ["H", "gap", "uncordon"], "UNREACHABLE", [UNR]),
-    ("uncordon clears probation", 2, ["S", "gap", "uncordon", "H"], "HEALTHY", [SUB, UNR, UNC, RET]),
+    ("uncordon ends probation", 2, ["S", "gap", "uncordon", "H"], "HEALTHY", [SUB, UNR, UNC, RET]),
     ("after uncordon faults count", 2, ["F", "uncordon", "F"], "FAILING", [ISO, UNC, ISO]),
     # repeat offenders (K = 3 within D = 7 days)
-    ("K-1 isolations: not held", 2, cycles(2), "HEALTHY", [ISO, RET] * 2),
-    ("K-th isolation: held", 2, cycles(3), "FAILING", [ISO, RET, ISO, RET, ISO, HELD]),
-    ("held stays out", 2, [*cycles(3), "H", "H", "H", "H"], "FAILING", [ISO, RET] * 2 + [ISO, HELD]),
-    ("held stays when silent", 2, [*cycles(3), "gap"], "FAILING", [ISO, RET] * 2 + [ISO, HELD]),
+    ("K-1 isolations: not held", 2, cycles(2), "HEALTHY", TWICE),
+    ("K-th isolation: held", 2, cycles(3), "FAILING", HELD_3RD),
+    ("held stays out", 2, [*cycles(3), "H", "H", "H", "H"], "FAILING", HELD_3RD),
+    ("held stays when silent", 2, [*cycles(3), "gap"], "FAILING", HELD_3RD),
     ("old isolations forgotten", 2, [*cycles(1), "day:8", *cycles(2)], "HEALTHY", [ISO, RET] * 3),
-    ("just inside D days", 2, [*cycles(1), "day:6.9", *cycles(2)], "FAILING", [ISO, RET] * 2 + [ISO, HELD]),
-    ("uncordon frees held", 2, [*cycles(3), "uncordon", "H"], "HEALTHY", [ISO, RET] * 2 + [ISO, HELD, UNC]),
-    ("uncordon forgets history", 2, [*cycles(3), "uncordon", *cycles(2)], "HEALTHY", [ISO, RET] * 2 + [ISO, HELD, UNC] + [ISO, RET] * 2),
+    ("just inside D days", 2, [*cycles(1), "day:6.9", *cycles(2)], "FAILING", HELD_3RD),
+    ("uncordon frees held", 2, [*cycles(3), "uncordon", "H"], "HEALTHY", [*HELD_3RD, UNC]),
+    ("uncordon forgets", 2, [*cycles(3), "uncordon", *cycles(2)], "HEALTHY", FORGOTTEN),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("jobs", "steps", "grade", "kinds"), [t[1:] for t in TABLE], ids=[t[0] for t in TABLE])
+@pytest.mark.parametrize(
+    ("jobs", "steps", "grade", "kinds"), [t[1:] for t in TABLE], ids=[t[0] for t in TABLE]
+)
 def test_state_machine(jobs: int, steps: list[str], grade: str, kinds: list[str]) -> None:
     run = Run(fresh(running_jobs=jobs)).run(steps)
     assert run.record.grade == grade
@@ -197,7 +216,8 @@ def test_isolation_names_its_reasons_and_action() -> None:
     assert (d.kind, d.grade_from, d.grade_to, d.action) == (ISO, "HEALTHY", "FAILING", "isolate")
     assert d.reasons == (FAULT,)
     assert d.attributes["fatal"] is True
-    assert d.node == NODE and (d.region, d.cluster) == ("r1", "c1")
+    assert d.node == NODE
+    assert (d.region, d.cluster) == ("r1", "c1")
     assert run.record.history[-1].reasons == (FAULT,)
     assert not accepts_new_work(run.record)
 
@@ -215,9 +235,12 @@ def test_score_and_reasons_update_without_events() -> None:
     run = Run(fresh(running_jobs=2)).run(["S"])
     t = run.step("S")
     assert t.decisions == ()
-    assert t.record.score == SCORES["S"] and t.record.reasons == (FAULT,)
+    assert t.record.score == SCORES["S"]
+    assert t.record.reasons == (FAULT,)
     t = run.step("H")
-    assert t.decisions == () and t.record.reasons == () and t.record.clean_cycles == 1
+    assert t.decisions == ()
+    assert t.record.reasons == ()
+    assert t.record.clean_cycles == 1
 
 
 @pytest.mark.parametrize(
@@ -230,13 +253,19 @@ def test_score_and_reasons_update_without_events() -> None:
 )
 def test_unreachable_cross_checks_the_bmc(bmc: bool | None, words: str) -> None:
     rec = Run(fresh()).run(["H"]).record
-    assert check_silence(rec, rec.last_seen_ts + 29.9, CFG, bmc_power_on=bmc).decisions == ()  # type: ignore[operator]
-    t = check_silence(rec, rec.last_seen_ts + 30.0, CFG, bmc_power_on=bmc)  # type: ignore[operator]
+    seen = rec.last_seen_ts
+    assert seen is not None
+    assert check_silence(rec, seen + 29.9, CFG, bmc_power_on=bmc).decisions == ()
+    t = check_silence(rec, seen + 30.0, CFG, bmc_power_on=bmc)
     (d,) = t.decisions
-    assert d.kind == UNR and d.action is None and words in d.message
-    assert d.reasons[0].rule == "unreachable_after_intervals" and d.reasons[0].threshold == 30.0
+    assert d.kind == UNR
+    assert d.action is None
+    assert words in d.message
+    assert d.reasons[0].rule == "unreachable_after_intervals"
+    assert d.reasons[0].threshold == 30.0
     assert [r.signal for r in d.reasons[1:]] == ([] if bmc is None else ["bmc.power_on"])
-    assert t.record.grade == "UNREACHABLE" and t.record.unreachable_from == "HEALTHY"
+    assert t.record.grade == "UNREACHABLE"
+    assert t.record.unreachable_from == "HEALTHY"
     assert not accepts_new_work(t.record)
 
 
@@ -245,31 +274,39 @@ def test_unreachable_cross_checks_the_bmc(bmc: bool | None, words: str) -> None:
     [("cordon", None, True, False), ("maintenance", "isolate", True, True)],
 )
 def test_operator_actions_carry_who_and_why(
-    action: str, want_action: str | None, cordoned: bool, maintenance: bool
+    action: OperatorAction, want_action: str | None, cordoned: bool, maintenance: bool
 ) -> None:
-    t = operator(fresh(running_jobs=1), action, "swap DIMM A3", "alice", 50.0, CFG)  # type: ignore[arg-type]
+    t = operator(fresh(running_jobs=1), action, "swap DIMM A3", "alice", 50.0, CFG)
     (d,) = t.decisions
     assert (d.by, d.action) == ("operator:alice", want_action)
-    assert "alice" in d.message and "swap DIMM A3" in d.message
+    assert "alice" in d.message
+    assert "swap DIMM A3" in d.message
     assert d.reasons[0].message == "swap DIMM A3"
     rec = t.record
-    assert (rec.cordoned, rec.maintenance, rec.operator_by) == (cordoned, maintenance, "operator:alice")
+    assert (rec.cordoned, rec.maintenance, rec.operator_by) == (
+        cordoned,
+        maintenance,
+        "operator:alice",
+    )
     assert (rec.operator_reason, rec.operator_ts) == ("swap DIMM A3", 50.0)
     assert not accepts_new_work(rec)
-    again = operator(rec, action, "new ticket", "bob", 60.0, CFG)  # type: ignore[arg-type]
+    again = operator(rec, action, "new ticket", "bob", 60.0, CFG)
     assert again.decisions[0].message.endswith(("new ticket", "running jobs continue"))
     assert again.record.operator_ts == 50.0, "a restated reason keeps the start time"
 
 
 def test_uncordon_clears_everything_and_records_the_operator() -> None:
     run = Run(fresh(running_jobs=2)).run([*cycles(3), "cordon"])
-    assert run.record.held and run.record.cordoned and len(run.record.isolations) == 3
+    assert run.record.held
+    assert run.record.cordoned
+    assert len(run.record.isolations) == 3
     t = run.step("uncordon")
     (d,) = t.decisions
     assert (d.kind, d.grade_from, d.grade_to, d.action) == (UNC, "FAILING", "HEALTHY", "release")
     rec = t.record
     assert (rec.held, rec.cordoned, rec.isolations, rec.operator_reason) == (False, False, (), "")
-    assert rec.history[-1].by == "operator:alice" and accepts_new_work(rec)
+    assert rec.history[-1].by == "operator:alice"
+    assert accepts_new_work(rec)
 
 
 def test_history_is_bounded() -> None:
@@ -282,7 +319,8 @@ def test_history_is_bounded() -> None:
 def test_running_jobs_from_the_observation() -> None:
     rec = Run(fresh(running_jobs=3)).run(["S"]).record
     t = observe(rec, obs("S", 2_000.0, 99, jobs=0), CFG)
-    assert t.record.grade == "MAINTENANCE" and [d.kind for d in t.decisions] == [MNT]
+    assert t.record.grade == "MAINTENANCE"
+    assert [d.kind for d in t.decisions] == [MNT]
 
 
 def test_config_is_validated() -> None:
@@ -295,10 +333,18 @@ def test_config_is_validated() -> None:
 
 def test_to_event() -> None:
     (d,) = Run(fresh()).run(["F"]).decisions
-    ev = to_event(d, "e-1")
-    assert (ev.event_id, ev.region, ev.kind, ev.node, ev.reasons) == ("e-1", "r1", ISO, NODE, (FAULT,))
-    assert ev.attributes["grade_from"] == "HEALTHY" and ev.attributes["action"] == "isolate"
-    assert ev.attributes["cluster"] == "c1" and ev.attributes["fatal"] is False
+    ev = decode(encode(to_event(d, "e-1")), ControllerEvent)
+    assert (ev.event_id, ev.region, ev.kind, ev.node, ev.reasons) == (
+        "e-1",
+        "r1",
+        ISO,
+        NODE,
+        (FAULT,),
+    )
+    assert ev.attributes["grade_from"] == "HEALTHY"
+    assert ev.attributes["action"] == "isolate"
+    assert ev.attributes["cluster"] == "c1"
+    assert ev.attributes["fatal"] is False
 
 
 # --- restart safety -------------------------------------------------------------------
@@ -330,7 +376,8 @@ def test_a_replayed_assessment_changes_nothing(upto: int) -> None:
     sent = run.record.last_sent_ts
     replay = dataclasses.replace(obs(last, run.now + 100, run.seq), sent_ts=sent)  # redelivered
     t = observe(reload(run.record), replay, CFG)
-    assert t.decisions == () and t.record == run.record
+    assert t.decisions == ()
+    assert t.record == run.record
 
 
 def test_an_agent_that_lost_its_seq_is_heard() -> None:
@@ -338,7 +385,8 @@ def test_an_agent_that_lost_its_seq_is_heard() -> None:
     reset = dataclasses.replace(obs("F", 2_000.0, 1), sent_ts=None)
     assert observe(rec, reset, CFG).decisions == (), "no newer batch time: a replay"
     t = observe(rec, obs("F", 2_000.0, 1), CFG)
-    assert [d.kind for d in t.decisions] == [ISO] and t.record.last_seq == 1
+    assert [d.kind for d in t.decisions] == [ISO]
+    assert t.record.last_seq == 1
 
 
 # --- properties -----------------------------------------------------------------------
@@ -346,7 +394,9 @@ def test_an_agent_that_lost_its_seq_is_heard() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    gaps=st.lists(st.floats(min_value=0.0, max_value=30 * SECONDS_PER_DAY), min_size=1, max_size=30),
+    gaps=st.lists(
+        st.floats(min_value=0.0, max_value=30 * SECONDS_PER_DAY), min_size=1, max_size=30
+    ),
     seq_steps=st.lists(st.integers(min_value=-2, max_value=3), min_size=30, max_size=30),
     jobs=st.integers(min_value=0, max_value=3),
 )
@@ -357,6 +407,8 @@ def test_a_healthy_node_with_clean_assessments_never_speaks(
     for gap, ds in zip(gaps, seq_steps, strict=False):
         now, seq = now + gap, max(0, seq + ds)
         t = observe(rec, obs("H", now, seq), CFG)
-        assert t.decisions == () and not t.wants_isolation
+        assert t.decisions == ()
+        assert not t.wants_isolation
         rec = t.record
-        assert rec.grade == "HEALTHY" and accepts_new_work(rec)
+        assert rec.grade == "HEALTHY"
+        assert accepts_new_work(rec)

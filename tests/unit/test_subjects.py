@@ -80,7 +80,7 @@ def test_control_round_trip_with_dotted_kinds(s: Subjects, region: str, kind: st
     assert s.parse(subject) == ControlSubject(region, kind)
 
 
-@pytest.mark.parametrize("kind", ["node.isolated", "job.rescheduled", "safety.rail_hit", "x"])
+@pytest.mark.parametrize("kind", ["node.isolated", "job.rescheduled", "rail.tripped", "x"])
 def test_control_documented_kinds(kind: str) -> None:
     subject = DEFAULT_SUBJECTS.control("eu-west", kind)
     assert subject == f"mg.ctl.eu-west.{kind}"
