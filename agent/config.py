@@ -7,20 +7,19 @@ A config error names the file, the key and the problem::
 
 from __future__ import annotations
 
-import re
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
 
 from proto.base import Token
+from proto.documents import DocumentError, decode_toml, read_text
 
 Seconds = Annotated[float, msgspec.Meta(ge=0.05)]
 MIB = 1024 * 1024
 
 
-class ConfigError(ValueError):
+class ConfigError(DocumentError):
     """The config file is unreadable or invalid; the message names file, key, problem."""
 
 
@@ -93,39 +92,17 @@ class AgentConfig(_Section, frozen=True):
     spool: SpoolSection = SpoolSection()
 
 
-_PATH_RE = re.compile(r" - at `\$\.?(.*)`$")
-
-
 def parse_config(text: str, source: str = "<config>") -> AgentConfig:
     """Parse TOML text into an AgentConfig; raise ConfigError naming source, key, problem."""
     try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    try:
-        return msgspec.convert(raw, AgentConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(str(exc))}") from None
+        return decode_toml(text, AgentConfig, source)
+    except DocumentError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(path: Path) -> AgentConfig:
     """Read and parse the config file at ``path``."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
-    return parse_config(text, str(path))
-
-
-def _describe(message: str) -> str:
-    """``Expected int - at `$.a.b``` -> ``a.b: Expected int``."""
-    match = _PATH_RE.search(message)
-    if not match:
-        unknown = re.search(r"Object contains unknown field `([^`]+)`", message)
-        return f"unknown key {unknown.group(1)!r}" if unknown else message
-    key = match.group(1)
-    problem = message[: match.start()]
-    unknown = re.match(r"Object contains unknown field `([^`]+)`", problem)
-    if unknown:
-        return f"{key}: unknown key {unknown.group(1)!r}"
-    return f"{key}: {problem}"
+        return parse_config(read_text(path), str(path))
+    except DocumentError as exc:
+        raise ConfigError(str(exc)) from None

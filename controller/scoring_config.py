@@ -9,12 +9,12 @@ A config error names the file, the key and the problem::
 
 from __future__ import annotations
 
-import re
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+
+from proto.documents import DocumentError, convert, parse_toml, read_text
 
 Severity = Literal["fatal", "severe", "warning", "info"]
 """fatal: the node is FAILING whatever its score; info: a note that costs nothing."""
@@ -29,7 +29,7 @@ Ratio = Annotated[float, msgspec.Meta(gt=0, le=1)]
 PciClassPrefix = Annotated[str, msgspec.Meta(pattern=r"^0x[0-9a-fA-F]{1,6}$")]
 
 
-class ScoringConfigError(ValueError):
+class ScoringConfigError(DocumentError):
     """The scoring config is unreadable or invalid; the message names file, key, problem."""
 
 
@@ -280,29 +280,22 @@ class ScoringConfig(_Section, frozen=True):
 
 DEFAULT_SCORING = ScoringConfig()
 
-_PATH_RE = re.compile(r" - at `\$\.?(.*)`$")
-
 
 def parse_scoring_config(text: str, source: str = "<scoring>") -> ScoringConfig:
     """Parse TOML text over the defaults; raise ScoringConfigError naming source, key, problem."""
     try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScoringConfigError(f"{source}: not valid TOML: {exc}") from None
-    merged = _merge(msgspec.to_builtins(DEFAULT_SCORING), raw)
-    try:
-        return msgspec.convert(merged, ScoringConfig)
-    except msgspec.ValidationError as exc:
-        raise ScoringConfigError(f"{source}: {_describe(str(exc))}") from None
+        raw = parse_toml(text, source)
+        return convert(_merge(msgspec.to_builtins(DEFAULT_SCORING), raw), ScoringConfig, source)
+    except DocumentError as exc:
+        raise ScoringConfigError(str(exc)) from None
 
 
 def load_scoring_config(path: Path) -> ScoringConfig:
     """Read and parse the scoring config file at ``path``."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScoringConfigError(f"{path}: cannot read: {exc}") from None
-    return parse_scoring_config(text, str(path))
+        return parse_scoring_config(read_text(path), str(path))
+    except DocumentError as exc:
+        raise ScoringConfigError(str(exc)) from None
 
 
 def _merge(defaults: Any, override: Any) -> Any:
@@ -313,17 +306,3 @@ def _merge(defaults: Any, override: Any) -> Any:
     for key, value in override.items():
         merged[key] = _merge(defaults[key], value) if key in defaults else value
     return merged
-
-
-def _describe(message: str) -> str:
-    """``Expected int - at `$.a.b``` -> ``a.b: Expected int`` (as agent/config.py does)."""
-    match = _PATH_RE.search(message)
-    if not match:
-        unknown = re.search(r"Object contains unknown field `([^`]+)`", message)
-        return f"unknown key {unknown.group(1)!r}" if unknown else message
-    key = match.group(1)
-    problem = message[: match.start()]
-    unknown = re.match(r"Object contains unknown field `([^`]+)`", problem)
-    if unknown:
-        return f"{key}: unknown key {unknown.group(1)!r}"
-    return f"{key}: {problem}"

@@ -6,9 +6,21 @@ The field names are a contract users script against (``metalguard agent collect
 
 from __future__ import annotations
 
+from typing import Final
+
 import msgspec
 
 from proto.base import Message, NodeIdentity, NonNegInt, Record
+
+NVME_CRITICAL_WARNING_BITS: Final[dict[int, str]] = {
+    0: "available spare below threshold",
+    1: "temperature above or below threshold",
+    2: "reliability degraded",
+    3: "media read-only",
+    4: "volatile memory backup failed",
+    5: "persistent memory region unreliable",
+}
+"""NVMe SMART/Health log byte 0 (NVMe base spec, Get Log Page 02h)."""
 
 
 class EdacDimm(Record, frozen=True):

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from proto.telemetry import SmartDevice
+from proto.telemetry import NVME_CRITICAL_WARNING_BITS, SmartDevice
 
 _UINT64_MAX = 2**64 - 1
 """Largest count the wire (msgpack) carries; NVMe counters are 128-bit in theory."""
@@ -60,16 +60,6 @@ _LOW_POWER = re.compile(r"Device is in (\S+)(?: \(OS\))? mode")
 _LEADING_INT = re.compile(r"\s*(\d+)")
 _NVME_NAME = re.compile(r"nvme\d+")
 _SD_NAME = re.compile(r"sd[a-z]+")
-
-NVME_CRITICAL_WARNING_BITS: dict[int, str] = {
-    0: "available spare below threshold",
-    1: "temperature above or below threshold",
-    2: "reliability degraded",
-    3: "media read-only",
-    4: "volatile memory backup failed",
-    5: "persistent memory region unreliable",
-}
-"""NVMe SMART/Health log byte 0 (NVMe base spec, Get Log Page 02h)."""
 
 
 def decode_exit_status(status: int) -> ExitStatus:

@@ -10,17 +10,8 @@ from collections.abc import Iterator
 
 from controller.rules.base import Context, Finding, finding, flagged, plural
 from controller.scoring_config import GrowthRule
-from proto.telemetry import SmartDevice, TelemetryBatch
+from proto.telemetry import NVME_CRITICAL_WARNING_BITS, SmartDevice, TelemetryBatch
 
-NVME_CRITICAL_WARNING_BITS: dict[int, str] = {
-    0: "available spare below threshold",
-    1: "temperature above or below threshold",
-    2: "reliability degraded",
-    3: "media read-only",
-    4: "volatile memory backup failed",
-    5: "persistent memory region unreliable",
-}
-"""NVMe SMART/Health log byte 0 (NVMe base spec, Get Log Page 02h)."""
 CRITICAL_WARNING_BITS = 8
 
 GROWTH_RULES: tuple[tuple[str, str, str], ...] = (
