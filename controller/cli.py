@@ -46,6 +46,11 @@ def _add_controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentPars
     setup.add_argument("--prefix", default="mg", help="subject prefix (default: mg)")
     setup.add_argument("--replicas", type=int, default=1, help="stream replicas (R3 in production)")
     setup.set_defaults(func=_run_controller_setup)
+    run = ctl_sub.add_parser("run", help="run the region controller (until SIGTERM or SIGINT)")
+    run.add_argument(
+        "--config", required=True, help="the controller's TOML file (docs/controller.md)"
+    )
+    run.set_defaults(func=_run_controller)
 
 
 def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,6 +66,15 @@ def _run_controller_setup(args: argparse.Namespace) -> int:
     from controller.setup import setup_streams
 
     return asyncio.run(setup_streams(args.nats, args.prefix, args.replicas))
+
+
+def _run_controller(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from controller.service import run_controller
+
+    return asyncio.run(run_controller(Path(args.config)))
 
 
 def _run_demo(args: argparse.Namespace) -> int:

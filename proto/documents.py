@@ -3,7 +3,8 @@
 A document error names the source, the key and the problem::
 
     agent.toml: collect.interval_s: Expected `float` >= 0.1
-    agent.toml: collect: unknown key 'intervall'
+    agent.toml: collect.intervall: unknown key
+    controller.toml: region: missing (required)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ T = TypeVar("T")
 
 _PATH_RE = re.compile(r" - at `\$\.?(.*)`$")
 _UNKNOWN_RE = re.compile(r"Object contains unknown field `([^`]+)`")
+_MISSING_RE = re.compile(r"Object missing required field `([^`]+)`")
 
 
 class DocumentError(ValueError):
@@ -26,13 +28,17 @@ class DocumentError(ValueError):
 
 
 def describe_validation_error(message: str) -> str:
-    """``Expected int - at `$.a.b``` -> ``a.b: Expected int`` (unknown keys named)."""
+    """``Expected int - at `$.a.b``` -> ``a.b: Expected int``; unknown/missing keys named
+    by their full dotted path."""
     match = _PATH_RE.search(message)
+    key = match.group(1) if match else ""
     problem = message[: match.start()] if match else message
-    unknown = _UNKNOWN_RE.match(problem)
-    if unknown:
-        problem = f"unknown key {unknown.group(1)!r}"
-    return f"{match.group(1)}: {problem}" if match and match.group(1) else problem
+    where = f"{key}." if key else ""
+    if unknown := _UNKNOWN_RE.match(problem):
+        return f"{where}{unknown.group(1)}: unknown key"
+    if missing := _MISSING_RE.match(problem):
+        return f"{where}{missing.group(1)}: missing (required)"
+    return f"{key}: {problem}" if key else problem
 
 
 def parse_toml(text: str, source: str) -> dict[str, Any]:

@@ -30,8 +30,8 @@ def test_shipped_example_parses() -> None:
     [
         ("[collect]\ninterval_s = -1", "agent.toml: collect.interval_s: Expected `float` >= 0.1"),
         ("[nats]\nservers = 5", "agent.toml: nats.servers: Expected `array`, got `int`"),
-        ("[bogus]\nx = 1", "agent.toml: unknown key 'bogus'"),
-        ("[collect]\nintervall = 1", "agent.toml: collect: unknown key 'intervall'"),
+        ("[bogus]\nx = 1", "agent.toml: bogus: unknown key"),
+        ("[collect]\nintervall = 1", "agent.toml: collect.intervall: unknown key"),
         ('[node]\nregion = "a.b"', "agent.toml: node.region: Expected `str` matching"),
         ("[spool]\nmax_bytes = 10", "agent.toml: spool.max_bytes: Expected `int` >= 65536"),
         ("x = ", "agent.toml: not valid TOML"),

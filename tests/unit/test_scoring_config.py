@@ -64,9 +64,12 @@ def test_a_partial_table_keeps_the_other_defaults() -> None:
             "[rules.ecc_correctable_rate]\nwindow_s = -1",
             "scoring.toml: rules.ecc_correctable_rate.window_s: Expected `float` > 0",
         ),
-        ("[rules.ecc_bogus]\nenabled = true", "scoring.toml: rules: unknown key 'ecc_bogus'"),
-        ("[rules.fan_stopped]\npenalti = 5", "scoring.toml: rules.fan_stopped: unknown key"),
-        ("[bogus]\nx = 1", "scoring.toml: unknown key 'bogus'"),
+        ("[rules.ecc_bogus]\nenabled = true", "scoring.toml: rules.ecc_bogus: unknown key"),
+        (
+            "[rules.fan_stopped]\npenalti = 5",
+            "scoring.toml: rules.fan_stopped.penalti: unknown key",
+        ),
+        ("[bogus]\nx = 1", "scoring.toml: bogus: unknown key"),
         (
             '[rules.smart_failed]\nseverity = "deadly"',
             "scoring.toml: rules.smart_failed.severity: Invalid enum value 'deadly'",

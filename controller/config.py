@@ -1,0 +1,93 @@
+"""The region controller's TOML configuration (docs/controller.md).
+
+A config error names the file, the key and the problem::
+
+    controller.toml: lifecycle.rail_max_fraction: Expected `float` <= 1.0, got 2
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from controller.lifecycle import LifecycleConfig
+from controller.scoring_config import (
+    DEFAULT_SCORING,
+    ScoringConfig,
+    ScoringConfigError,
+    load_scoring_config,
+)
+from proto.base import Token
+from proto.documents import DocumentError, decode_toml, read_text
+
+Seconds = Annotated[float, msgspec.Meta(ge=0.05)]
+
+
+class ConfigError(DocumentError):
+    """The config file is unreadable or invalid; the message names file, key, problem."""
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class NatsSection(_Section, frozen=True):
+    """``[nats]``: how to reach the region's NATS servers."""
+
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    prefix: Token = "mg"
+    credentials: str = ""
+    """A NATS .creds file (JWT + nkey seed)."""
+    nkey_seed: str = ""
+    """A file holding the controller's nkey seed (nkey auth without JWT)."""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    connect_timeout_s: Seconds = 2.0
+    """One connection attempt."""
+    connect_deadline_s: Seconds = 30.0
+    """The first connect gives up (exit 1) after this long."""
+    publish_timeout_s: Seconds = 5.0
+
+
+class ControllerConfig(_Section, frozen=True):
+    """The whole file."""
+
+    region: Token
+    """The region this controller decides for (required)."""
+    scoring: str = ""
+    """A scoring TOML file (docs/scoring.md); empty: the defaults."""
+    silence_check_s: Seconds = 1.0
+    """How often silent nodes are looked for (and pending events retried)."""
+    nats: NatsSection = NatsSection()
+    lifecycle: LifecycleConfig = LifecycleConfig()
+
+    def scoring_config(self, base: Path | None = None) -> ScoringConfig:
+        """The scoring config (a relative path is read from ``base``); ConfigError if bad."""
+        if not self.scoring:
+            return DEFAULT_SCORING
+        path = Path(self.scoring)
+        if base is not None and not path.is_absolute():
+            path = base / path
+        try:
+            return load_scoring_config(path)
+        except ScoringConfigError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def parse_config(text: str, source: str = "<config>") -> ControllerConfig:
+    """Parse TOML text into a ControllerConfig; raise ConfigError naming source, key, problem."""
+    try:
+        return decode_toml(text, ControllerConfig, source)
+    except DocumentError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def load_config(path: Path) -> ControllerConfig:
+    """Read and parse the config file at ``path``."""
+    try:
+        return parse_config(read_text(path), str(path))
+    except DocumentError as exc:
+        raise ConfigError(str(exc)) from None

@@ -1,0 +1,245 @@
+"""The region controller: scores batches, runs the lifecycle, persists, announces.
+
+The decisions are :mod:`controller.decide` (pure); this class is the thin I/O around it
+(docs/controller.md). Each round, under its cluster's lock:
+
+1. decide against the cached state (:class:`controller.state.NodeStore`);
+2. write the round's events to the outbox, then the changed records and rail state
+   (compare-and-set; a conflict drops the outbox entries, reloads and decides again);
+3. publish each event on ``<p>.ctl.<region>.<kind>`` with ``Nats-Msg-Id = event_id``,
+   and delete it from the outbox once the stream has acknowledged it.
+
+An event whose publish fails stays in the outbox and is retried by :meth:`flush`
+(at start, and on every silence tick), so a crash between persisting and publishing
+neither loses nor duplicates it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+
+from controller.decide import (
+    NodeInput,
+    Outcome,
+    batch_input,
+    decide,
+    decide_operator,
+    decide_silence,
+    event_input,
+)
+from controller.lifecycle import LifecycleConfig, OperatorAction
+from controller.scoring import NodeSignals, assess
+from controller.scoring_config import DEFAULT_SCORING, ScoringConfig
+from controller.state import ClusterKey, NodeStore, StoreConflictError, handle_of
+from proto.base import NodeIdentity
+from proto.codec import encode
+from proto.events import ControllerEvent, NodeEvent
+from proto.subjects import Subjects
+from proto.telemetry import TelemetryBatch
+
+log = logging.getLogger(__name__)
+
+CONFLICT_RETRIES = 3
+"""Rounds decided again after a compare-and-set conflict before giving up."""
+
+
+class RegionController:
+    """Implements :class:`controller.ingest_api.IngestHandler` for one region.
+
+    ``clock`` gives the controller's time (silence checks, operator actions); batches and
+    events use the ``received_ts`` ingest passes.  Scoring history (``NodeSignals``) is
+    kept in memory only: after a restart, rates and growth start again from the next
+    batch (records, hysteresis and the rail are in KV).
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        store: NodeStore,
+        subjects: Subjects,
+        region: str,
+        lifecycle: LifecycleConfig | None = None,
+        scoring: ScoringConfig = DEFAULT_SCORING,
+        *,
+        clock: Callable[[], float] = time.time,
+        publish_timeout_s: float = 5.0,
+    ) -> None:
+        self._js = js
+        self.store = store
+        self._subjects = subjects
+        self.region = region
+        self._cfg = lifecycle or LifecycleConfig()
+        self._scoring = scoring
+        self._clock = clock
+        self._publish_timeout_s = publish_timeout_s
+        self._signals: dict[str, NodeSignals] = {}
+        self._locks: dict[ClusterKey, asyncio.Lock] = {}
+        self._flush_lock = asyncio.Lock()
+        self._silence_task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    # --- IngestHandler ------------------------------------------------------------------
+
+    async def on_batch(self, batch: TelemetryBatch, received_ts: float) -> None:
+        """Score a batch and take it into its node's lifecycle."""
+        if not self._ours(batch.node):
+            return
+        handle = handle_of(batch.node)
+        signals, assessment = assess(self._signals.get(handle), batch, self._scoring)
+        self._signals[handle] = signals
+        item = batch_input(batch, assessment, received_ts)
+
+        def round_() -> Outcome:
+            return self._decide(item, received_ts)
+
+        await self._round(batch.node, round_)
+
+    async def on_node_event(self, event: NodeEvent, received_ts: float) -> None:
+        """Act on a fatal NodeEvent at once, as a fatal assessment (other kinds: ignored)."""
+        if not self._ours(event.node):
+            return
+
+        def round_() -> Outcome:
+            item = event_input(event, self.store.records.get(handle_of(event.node)), received_ts)
+            return Outcome() if item is None else self._decide(item, received_ts)
+
+        await self._round(event.node, round_)
+
+    # --- operators and time ---------------------------------------------------------------
+
+    async def operator_action(
+        self, handle: str, action: OperatorAction, reason: str, who: str
+    ) -> tuple[ControllerEvent, ...]:
+        """An operator's cordon, uncordon or maintenance; the events it announced."""
+        record = self.store.records.get(handle)
+        if record is None:
+            raise KeyError(f"unknown node {handle!r}")
+
+        def round_() -> Outcome:
+            current = self.store.records[handle]
+            return decide_operator(current, action, reason, who, self._clock(), self._cfg)
+
+        return await self._round(record.node, round_)
+
+    async def check_silence(self) -> tuple[ControllerEvent, ...]:
+        """One pass: every silent in-service node becomes UNREACHABLE."""
+        announced: list[ControllerEvent] = []
+        silent = decide_silence(self.store.records, self._clock(), self._cfg)
+        for handle in silent.records:
+            node = self.store.records[handle].node
+
+            def round_(h: str = handle) -> Outcome:
+                record = self.store.records.get(h)
+                return decide_silence({h: record} if record else {}, self._clock(), self._cfg)
+
+            announced += await self._round(node, round_)
+        return tuple(announced)
+
+    # --- lifetime -------------------------------------------------------------------------
+
+    async def start(self, silence_interval_s: float | None = None) -> None:
+        """Publish what a previous run left in the outbox; start the silence checks."""
+        await self.flush()
+        if silence_interval_s is not None and self._silence_task is None:
+            self._stop.clear()
+            self._silence_task = asyncio.create_task(
+                self._silence_loop(silence_interval_s), name="region-silence"
+            )
+
+    async def stop(self) -> None:
+        """Stop the silence checks (idempotent)."""
+        self._stop.set()
+        task, self._silence_task = self._silence_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def flush(self) -> int:
+        """Publish every pending event in the outbox; how many remain pending."""
+        async with self._flush_lock:
+            for event in sorted(self.store.outbox.values(), key=lambda e: (e.ts, e.event_id)):
+                await self._publish(event)
+            return len(self.store.outbox)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _ours(self, node: NodeIdentity) -> bool:
+        if node.region == self.region:
+            return True
+        log.warning("ignoring %s: not in region %s", handle_of(node), self.region)
+        return False
+
+    def _decide(self, item: NodeInput, now: float) -> Outcome:
+        node = item.node
+        key = (node.region, node.cluster)
+        sizes = {key: self.store.cluster_size(*key)}
+        return decide(self.store.records, self.store.rails, [item], now, self._cfg, sizes)
+
+    async def _round(
+        self, node: NodeIdentity, round_: Callable[[], Outcome]
+    ) -> tuple[ControllerEvent, ...]:
+        """Decide, persist, publish, under the cluster's lock; the events announced."""
+        lock = self._locks.setdefault((node.region, node.cluster), asyncio.Lock())
+        async with lock:
+            for attempt in range(CONFLICT_RETRIES + 1):
+                outcome = round_()
+                try:
+                    await self._persist(outcome)
+                except StoreConflictError as exc:
+                    for event in outcome.events:
+                        await self.store.remove_pending(event.event_id)
+                    if attempt == CONFLICT_RETRIES:
+                        raise
+                    log.warning("%s; deciding again", exc)
+                    continue
+                for event in outcome.events:
+                    await self._publish(event)
+                return outcome.events
+        raise AssertionError("unreachable")
+
+    async def _persist(self, outcome: Outcome) -> None:
+        await self.store.add_pending(outcome.events)
+        for record in outcome.records.values():
+            await self.store.put_record(record)
+        for state in outcome.rails.values():
+            await self.store.put_rail(state)
+
+    async def _publish(self, event: ControllerEvent) -> None:
+        """Publish one event with its id as message id; drop it from the outbox once acked."""
+        if event.event_id not in self.store.outbox:
+            return
+        subject = self._subjects.control(event.region, event.kind)
+        try:
+            await self._js.publish(
+                subject,
+                encode(event),
+                timeout=self._publish_timeout_s,
+                headers={"Nats-Msg-Id": event.event_id},
+            )
+        except (NatsError, TimeoutError) as exc:
+            log.warning("publish of %s failed, kept in the outbox: %s", event.event_id, exc)
+            return
+        log.info("%s %s", event.kind, event.event_id)
+        await self.store.remove_pending(event.event_id)
+
+    async def _silence_loop(self, interval_s: float) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), interval_s)
+            if self._stop.is_set():
+                return
+            try:
+                await self.flush()
+                await self.check_silence()
+            except (NatsError, StoreConflictError) as exc:
+                log.error("silence check failed, retried next tick: %s", exc)
+            except Exception:  # a bug must not end the checks silently
+                log.exception("silence check failed, retried next tick")

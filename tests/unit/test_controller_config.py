@@ -1,0 +1,93 @@
+"""The controller's TOML config (errors name file, key, problem) and its systemd unit."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller.config import ConfigError, load_config, parse_config
+from controller.lifecycle import LifecycleConfig
+from controller.scoring_config import DEFAULT_SCORING
+from tests.unit.test_systemd_unit import parse_unit
+
+ROOT = Path(__file__).parents[2]
+UNIT = ROOT / "systemd" / "metalguard-controller.service"
+
+
+def test_minimal_config_takes_the_defaults() -> None:
+    cfg = parse_config('region = "r1"\n')
+    assert cfg.region == "r1"
+    assert cfg.nats.servers == ("nats://127.0.0.1:4222",)
+    assert cfg.nats.prefix == "mg"
+    assert cfg.silence_check_s == 1.0
+    assert cfg.lifecycle == LifecycleConfig()
+    assert cfg.scoring_config() is DEFAULT_SCORING
+
+
+def test_the_example_file_parses() -> None:
+    cfg = load_config(ROOT / "systemd" / "controller.toml")
+    assert cfg.region == "us-east-1"
+    assert cfg.lifecycle == LifecycleConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "ctl.toml: region: missing (required)"),
+        ('region = "r1"\nfoo = 1\n', "ctl.toml: foo: unknown key"),
+        ('region = "r1"\n[nats]\nsrv = []\n', "ctl.toml: nats.srv: unknown key"),
+        ('region = "a.b"\n', "ctl.toml: region: Expected `str` matching regex"),
+        (
+            'region = "r1"\n[lifecycle]\nrail_max_fraction = 2\n',
+            "ctl.toml: lifecycle.rail_max_fraction: Expected `float` <= 1",
+        ),
+        (
+            'region = "r1"\n[lifecycle]\nclean_cycles = 2\n',
+            "ctl.toml: lifecycle.clean_cycles: unknown key",
+        ),
+        ('region = "r1"\nsilence_check_s = 0\n', "ctl.toml: silence_check_s: Expected `float` >="),
+        ("region = \n", "ctl.toml: not valid TOML"),
+    ],
+)
+def test_errors_name_file_key_and_problem(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(text, "ctl.toml")
+    assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_unreadable_file_and_bad_scoring_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    (tmp_path / "scoring.toml").write_text("[grades]\nhealthy_min = 'x'\n")
+    cfg = parse_config('region = "r1"\nscoring = "scoring.toml"\n')
+    with pytest.raises(ConfigError, match=r"scoring\.toml: grades\.healthy_min"):
+        cfg.scoring_config(tmp_path)
+
+
+def test_unit_directives() -> None:
+    service = parse_unit(UNIT.read_text())["Service"]
+    assert "controller run --config /etc/metalguard/controller.toml" in service["ExecStart"][0]
+    assert service["Restart"] == ["on-failure"]
+    assert service["CapabilityBoundingSet"] == [""]
+    assert service["PrivateDevices"] == ["yes"]
+    assert service["NoNewPrivileges"] == ["yes"]
+    assert service["ProtectSystem"] == ["strict"]
+    assert "AF_NETLINK" not in service["RestrictAddressFamilies"][0]
+
+
+def test_unit_systemd_analyze_verify(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze not installed: the directive test above still ran")
+    metalguard = Path(sys.executable).parent / "metalguard"
+    unit = tmp_path / "metalguard-controller.service"
+    unit.write_text(UNIT.read_text().replace("/opt/metalguard/bin/metalguard", str(metalguard)))
+    result = subprocess.run(
+        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "metalguard-controller.service" not in result.stderr, result.stderr
