@@ -53,7 +53,11 @@ class AgentService:
         *,
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        env: dict[str, str] | None = None,
     ) -> None:
+        """``env`` holds NOTIFY_SOCKET / WATCHDOG_USEC (default: the process
+        environment); ``{}`` runs an agent that speaks no sd_notify (simulated fleets)."""
+        self._env = env
         self._config_path = config_path
         self._wall = wall_clock
         self._mono = monotonic
@@ -122,7 +126,7 @@ class AgentService:
             self._apply(new)
         except (ConfigError, UnknownCollectorError) as exc:
             log.error("reload rejected, keeping the running config: %s", exc)
-            notify(f"STATUS=config reload rejected: {exc}")
+            notify(f"STATUS=config reload rejected: {exc}", self._env)
             return
         asyncio.get_running_loop().create_task(old_collection.close())
         log.info("config reloaded from %s", self._config_path)
@@ -131,10 +135,10 @@ class AgentService:
     async def run(self) -> int:
         """Run until stopped; return the exit status."""
         await self._publisher.start()
-        watchdog = watchdog_interval_s()
+        watchdog = watchdog_interval_s(self._env)
         dog = asyncio.create_task(self._watchdog(watchdog), name="watchdog") if watchdog else None
-        notify("READY=1")
-        notify(f"STATUS=collecting {', '.join(self.collection.names)}")
+        notify("READY=1", self._env)
+        notify(f"STATUS=collecting {', '.join(self.collection.names)}", self._env)
         previous: TelemetryBatch | None = None
         next_batch = self._mono()
         try:
@@ -158,7 +162,7 @@ class AgentService:
                     next_batch = self._mono() + self.config.collect.interval_s
                     batch = build_batch(
                         self.identity,
-                        self._seq.next(),
+                        await asyncio.to_thread(self._seq.next),
                         cycle,
                         ts=snapshot.ts,
                         started_ts=started,
@@ -172,7 +176,7 @@ class AgentService:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.collection.tick_s)
         finally:
-            notify("STOPPING=1")
+            notify("STOPPING=1", self._env)
             if dog is not None:
                 dog.cancel()
                 await asyncio.gather(dog, return_exceptions=True)
@@ -185,7 +189,8 @@ class AgentService:
         link = "connected" if stats.connected else "DISCONNECTED (spooling)"
         notify(
             f"STATUS=seq {self._seq.last}; NATS {link}; published {stats.published}, "
-            f"spooled {stats.spooled}, dropped {stats.dropped}"
+            f"spooled {stats.spooled}, dropped {stats.dropped}",
+            self._env,
         )
 
     async def _watchdog(self, every_s: float) -> None:
@@ -193,7 +198,7 @@ class AgentService:
         stall_limit = max(3 * self.collection.tick_s, 2 * every_s) + self.config.collect.timeout_s
         while True:
             if self._mono() - self._last_progress <= stall_limit:
-                notify("WATCHDOG=1")
+                notify("WATCHDOG=1", self._env)
             else:
                 log.error(
                     "main loop stalled for %.0fs; withholding watchdog ping",

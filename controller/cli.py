@@ -29,9 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     from agent.cli import add_agent_parser
+    from controller.cli_ops import add_ops_parsers
 
     add_agent_parser(sub)
     _add_controller_parser(sub)
+    add_ops_parsers(sub)
     _add_demo_parser(sub)
     return parser
 

@@ -52,6 +52,17 @@ class NatsSection(_Section, frozen=True):
     publish_timeout_s: Seconds = 5.0
 
 
+class HttpSection(_Section, frozen=True):
+    """``[http]``: the HTTP API (docs/api.md); without the section no API is served."""
+
+    listen: str = "127.0.0.1:8480"
+    """``host:port`` (``[::1]:8480`` for IPv6)."""
+    read_tokens_file: str = ""
+    """Read-only bearer tokens, one per line (``#`` comments and blank lines ignored)."""
+    admin_tokens_file: str = ""
+    """Admin bearer tokens (also read); writes need one of these."""
+
+
 class ControllerConfig(_Section, frozen=True):
     """The whole file."""
 
@@ -63,6 +74,7 @@ class ControllerConfig(_Section, frozen=True):
     """How often silent nodes are looked for (and pending events retried)."""
     nats: NatsSection = NatsSection()
     lifecycle: LifecycleConfig = LifecycleConfig()
+    http: HttpSection | None = None
 
     def scoring_config(self, base: Path | None = None) -> ScoringConfig:
         """The scoring config (a relative path is read from ``base``); ConfigError if bad."""

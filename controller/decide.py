@@ -76,6 +76,10 @@ def batch_input(batch: TelemetryBatch, assessment: Assessment, received_ts: floa
     return NodeInput(batch.node, obs, f"b{batch.seq}@{_ms(batch.ts)}")
 
 
+EVENT_VALUE_KEYS = ("ue_count", "new", "new_TOTAL_ERR_FATAL", "new_TOTAL_ERR_NONFATAL")
+"""NodeEvent attributes that carry the count a fatal event's reason shows as its value."""
+
+
 def event_input(
     event: NodeEvent, record: NodeRecord | None, received_ts: float
 ) -> NodeInput | None:
@@ -88,9 +92,12 @@ def event_input(
     if event.kind not in FATAL_EVENT_KINDS:
         return None
     what = f"{event.kind} on {event.device}" if event.device else event.kind
+    counts = [event.attributes.get(k) for k in EVENT_VALUE_KEYS]
+    value = next((c for c in counts if isinstance(c, int | float)), event.device or None)
     reason = Reason(
         signal=f"event.{event.kind}",
-        value=event.device or None,
+        value=value,
+        threshold=1 if isinstance(value, int | float) else None,
         rule=event.kind,
         message=event.message or f"{what} reported by {event.source or 'the agent'}",
     )

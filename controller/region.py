@@ -55,8 +55,8 @@ class RegionController:
 
     ``clock`` gives the controller's time (silence checks, operator actions); batches and
     events use the ``received_ts`` ingest passes.  Scoring history (``NodeSignals``) is
-    kept in memory only: after a restart, rates and growth start again from the next
-    batch (records, hysteresis and the rail are in KV).
+    persisted beside the records whenever a counter value changes, so a restart keeps
+    rates and growth (a storm node does not look clean to a fresh controller).
     """
 
     def __init__(
@@ -92,8 +92,11 @@ class RegionController:
         if not self._ours(batch.node):
             return
         handle = handle_of(batch.node)
-        signals, assessment = assess(self._signals.get(handle), batch, self._scoring)
+        previous = self._signals.get(handle) or self.store.signals.get(handle)
+        signals, assessment = assess(previous, batch, self._scoring)
         self._signals[handle] = signals
+        if previous is None or _fingerprint(signals) != _fingerprint(previous):
+            await self.store.put_signals(handle, signals)
         item = batch_input(batch, assessment, received_ts)
 
         def round_() -> Outcome:
@@ -243,3 +246,12 @@ class RegionController:
                 log.error("silence check failed, retried next tick: %s", exc)
             except Exception:  # a bug must not end the checks silently
                 log.exception("silence check failed, retried next tick")
+
+
+def _fingerprint(signals: NodeSignals) -> tuple[tuple[str, tuple[int, ...], int], ...]:
+    """What of a scoring history is worth persisting: counter values and resets (the
+    timestamp of an unchanged newest sample moves every batch)."""
+    return tuple(
+        (key, tuple(value for _, value in history.samples), history.resets)
+        for key, history in sorted(signals.counters.items())
+    )

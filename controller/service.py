@@ -22,6 +22,8 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
+from controller.api_server import start_api
+from controller.api_sse import NatsEventSource
 from controller.config import ConfigError, ControllerConfig, NatsSection, load_config
 from controller.ingest import Ingest, IngestSettings
 from controller.region import RegionController
@@ -141,6 +143,17 @@ async def _serve(
         publish_timeout_s=cfg.nats.publish_timeout_s,
     )
     ingest = start_ingest(js, subjects, cfg.region, controller)
+    api = None
+    if cfg.http is not None:
+        source = NatsEventSource(nc, subjects, cfg.region)
+        try:
+            api = await start_api(cfg.http, controller, source, ingest.metrics.registry)
+        except ConfigError as exc:
+            print(f"metalguard: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"metalguard: cannot serve HTTP on {cfg.http.listen}: {exc}", file=sys.stderr)
+            return 1
     try:
         await controller.start(silence_interval_s=cfg.silence_check_s)
         await ingest.start()
@@ -151,6 +164,8 @@ async def _serve(
         print(f"metalguard: controller failed: {exc}", file=sys.stderr)
         return 1
     finally:
+        if api is not None:
+            await api.cleanup()
         await ingest.stop()
         await controller.stop()
     log.info("stopped")

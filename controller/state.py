@@ -5,7 +5,9 @@ One bucket holds three kinds of value, told apart by their message type (not the
 - ``<region>.<cluster>.<node>`` (the node handle): its :class:`NodeRecord`;
 - ``_rail.<region>.<cluster>``: that cluster's :class:`RailState`;
 - ``_outbox.<sha1 of event id>``: a :class:`ControllerEvent` decided and persisted but not
-  yet acknowledged by the ``<P>_CONTROL`` stream (deleted once it is).
+  yet acknowledged by the ``<P>_CONTROL`` stream (deleted once it is);
+- ``_signals.<handle>``: the node's scoring history (:class:`NodeSignals`, msgpack), written
+  when a counter value changes, so a restarted controller keeps its rates and growth.
 
 Writes are compare-and-set on the revision this store last saw for the key. A conflict
 (another writer got there first) re-reads that key into the cache and raises
@@ -20,10 +22,12 @@ import logging
 from collections import Counter
 from collections.abc import Iterable
 
+import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
 
+from controller.scoring_signals import NodeSignals
 from proto.base import NodeIdentity
 from proto.codec import CodecError, decode, encode
 from proto.events import ControllerEvent
@@ -31,9 +35,11 @@ from proto.nodes import NodeRecord, RailState
 from proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
+_signals_decoder = msgspec.msgpack.Decoder(NodeSignals)
 
 RAIL_PREFIX = "_rail."
 OUTBOX_PREFIX = "_outbox."
+SIGNALS_PREFIX = "_signals."
 ClusterKey = tuple[str, str]
 """(region, cluster)"""
 
@@ -73,6 +79,8 @@ class NodeStore:
         self.outbox: dict[str, ControllerEvent] = {}
         """Pending events by event id."""
         self._sizes: Counter[ClusterKey] = Counter()
+        self.signals: dict[str, NodeSignals] = {}
+        """Scoring history by node handle, as last persisted."""
 
     @classmethod
     async def open(cls, js: JetStreamContext, subjects: Subjects) -> NodeStore:
@@ -115,6 +123,13 @@ class NodeStore:
         """Write a cluster's rail state (compare-and-set); StoreConflictError on a lost race."""
         await self._write(rail_key(state.region, state.cluster), encode(state))
         self.rails[(state.region, state.cluster)] = state
+
+    async def put_signals(self, handle: str, signals: NodeSignals) -> None:
+        """Persist a node's scoring history (plain put: the controller is its one writer)."""
+        self._revisions[SIGNALS_PREFIX + handle] = await self._kv.put(
+            SIGNALS_PREFIX + handle, msgspec.msgpack.encode(signals)
+        )
+        self.signals[handle] = signals
 
     async def add_pending(self, events: Iterable[ControllerEvent]) -> None:
         """Keep ``events`` in the outbox until :meth:`remove_pending` (plain puts)."""
@@ -168,6 +183,12 @@ class NodeStore:
             self._forget(key)
             return
         self._revisions[key] = entry.revision
+        if key.startswith(SIGNALS_PREFIX):
+            try:
+                self.signals[key[len(SIGNALS_PREFIX) :]] = _signals_decoder.decode(entry.value)
+            except msgspec.DecodeError as exc:
+                log.error("KV key %r holds undecodable scoring history, ignored: %s", key, exc)
+            return
         try:
             value = decode(entry.value)
         except CodecError as exc:
@@ -184,6 +205,8 @@ class NodeStore:
                 log.error("KV key %r holds a %s, ignored", key, type(value).__name__)
 
     def _forget(self, key: str) -> None:
+        if key.startswith(SIGNALS_PREFIX):
+            self.signals.pop(key[len(SIGNALS_PREFIX) :], None)
         gone = self.records.pop(key, None)
         if gone is not None:
             self._sizes[(gone.node.region, gone.node.cluster)] -= 1

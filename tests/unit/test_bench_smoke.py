@@ -69,3 +69,19 @@ def test_agent_bench_quick_prints_figures() -> None:
         assert rss_mib > 0
         assert items > 0
     assert "node_exporter" in result.stdout  # its row, or why there is no ratio
+
+
+def test_fleet_bench_quick_prints_figures() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH.parent / "fleet_bench.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^10 agents @ 1 s", result.stdout, re.M), result.stdout
+    assert re.search(r"CPU of this process: \d+% of one core", result.stdout)
+    match = re.search(r"batches stored/s:\s+([\d.]+) \(ideal 10\.0", result.stdout)
+    assert match, result.stdout
+    assert float(match.group(1)) > 0

@@ -1,0 +1,310 @@
+"""Operator commands over the HTTP API (docs/api.md): ``metalguard nodes``, ``node``,
+``cordon``, ``uncordon``, ``maintenance`` and ``events``.
+
+Every command takes ``--api URL`` (env ``METALGUARD_API``) and ``--token`` (env
+``METALGUARD_TOKEN``).  Exit status: 0 done; 2 a usage error or a 4xx answer (its
+message printed); 1 the API unreachable (the URL named) or a 5xx answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+from urllib.parse import quote, urlencode
+
+DEFAULT_API = "http://127.0.0.1:8480"
+TIMEOUT_S = 10.0
+FOLLOW_TIMEOUT_S = 120.0
+"""A silent SSE stream (the server sends keep-alives every 15 s) is given up after this."""
+MAX_CELL = 60
+
+
+class CliError(Exception):
+    """Printed as ``metalguard: <message>``; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_ops_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the operator subcommands."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--api",
+        default=os.environ.get("METALGUARD_API", DEFAULT_API),
+        help=f"the controller's API (env METALGUARD_API, default {DEFAULT_API})",
+    )
+    common.add_argument(
+        "--token",
+        default=os.environ.get("METALGUARD_TOKEN", ""),
+        help="bearer token (env METALGUARD_TOKEN)",
+    )
+    common.add_argument("--format", choices=("table", "json"), default="table")
+
+    nodes = sub.add_parser("nodes", parents=[common], help="list nodes and their grades")
+    nodes.add_argument("--grade", help="only these grades (comma-separated)")
+    nodes.add_argument("--region")
+    nodes.add_argument("--cluster")
+    nodes.add_argument("--rack")
+    nodes.set_defaults(func=_guarded(_nodes))
+
+    node = sub.add_parser("node", parents=[common], help="one node: score, reasons, history")
+    node.add_argument("name", metavar="NAME", help="handle region.cluster.node, or a node name")
+    node.set_defaults(func=_guarded(_node))
+
+    for action, text in (
+        ("cordon", "no new work on a node (running jobs continue)"),
+        ("uncordon", "return a node to service"),
+        ("maintenance", "put a node in MAINTENANCE until uncordoned"),
+    ):
+        p = sub.add_parser(action, parents=[common], help=text)
+        p.add_argument("name", metavar="NAME", help="handle region.cluster.node, or a node name")
+        p.add_argument("--reason", required=True, help="why (recorded and announced)")
+        p.add_argument("--who", default=os.environ.get("USER", "cli"), help="operator name")
+        p.set_defaults(func=_guarded(_act), action=action)
+
+    events = sub.add_parser("events", parents=[common], help="stream controller decisions")
+    events.add_argument("--follow", "-f", action="store_true", help="stream new events")
+    events.add_argument("--kind", default="", help="exact kind, or a prefix ending in '.'")
+    events.add_argument("--node", default="", help="handle or node name")
+    events.add_argument("--count", type=int, default=0, help="stop after N events")
+    events.set_defaults(func=_guarded(_events))
+
+
+# --- commands -------------------------------------------------------------------------
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    query = {k: getattr(args, k) for k in ("grade", "region", "cluster", "rack")}
+    body = _call(args, "GET", "/v1/nodes", {k: v for k, v in query.items() if v})
+    if args.format == "json":
+        return _print_json(body["nodes"])
+    rows = [
+        [
+            n["handle"],
+            n["grade"],
+            f"{n['score']:.1f}",
+            _flags(n),
+            n["rack"] or "-",
+            _first_reason(n["reasons"]),
+        ]
+        for n in body["nodes"]
+    ]
+    print(table(["NODE", "GRADE", "SCORE", "FLAGS", "RACK", "REASON"], rows))
+    return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    body = _call(args, "GET", f"/v1/nodes/{quote(args.name, safe='')}")
+    if args.format == "json":
+        return _print_json(body)
+    r = body["record"]
+    print(
+        table(
+            [],
+            [
+                ["node", body["handle"]],
+                ["grade", r["grade"]],
+                ["score", f"{r['score']:.1f}"],
+                ["flags", _flags(r)],
+                ["rack", r["rack"] or "-"],
+                ["operator", _operator(r)],
+                ["last seen", _time(r["last_seen_ts"])],
+            ],
+        )
+    )
+    if r["reasons"]:
+        print("\nreasons:")
+        reasons = [
+            [x["signal"], _cell(x.get("value")), x.get("rule", ""), x.get("message", "")]
+            for x in r["reasons"]
+        ]
+        print(table(["SIGNAL", "VALUE", "RULE", "MESSAGE"], reasons, indent=2))
+    if r["history"]:
+        print("\nhistory:")
+        history = [
+            [_time(h["ts"]), h["grade_from"], h["grade_to"], h["by"], h["message"]]
+            for h in r["history"]
+        ]
+        print(table(["TIME", "FROM", "TO", "BY", "MESSAGE"], history, indent=2))
+    return 0
+
+
+def _act(args: argparse.Namespace) -> int:
+    path = f"/v1/nodes/{quote(args.name, safe='')}/{args.action}"
+    body = _call(args, "POST", path, payload={"reason": args.reason, "who": args.who})
+    if args.format == "json":
+        return _print_json(body)
+    kinds = ", ".join(e["kind"] for e in body["events"])
+    done = f"announced {kinds}" if kinds else "nothing changed"
+    print(f"{body['handle']}: {args.action}: {done}; grade {body['record']['grade']}")
+    return 0
+
+
+def _events(args: argparse.Namespace) -> int:
+    if not args.follow:
+        raise CliError("past events are not served yet; use --follow for new ones", 2)
+    query = {k: v for k, v in (("kind", args.kind), ("node", args.node)) if v}
+    for seen, (kind, data) in enumerate(_sse(args, "/v1/events", query), start=1):
+        if args.format == "json":
+            print(data, flush=True)
+        else:
+            e = json.loads(data)
+            n = e.get("node")
+            where = f"{n['region']}.{n['cluster']}.{n['node']}" if n else e["region"]
+            print(f"{_time(e['ts'])}  {kind:<18} {where:<24} {e['message']}", flush=True)
+        if args.count and seen >= args.count:
+            break
+    return 0
+
+
+# --- HTTP -----------------------------------------------------------------------------
+
+
+def _request(
+    args: argparse.Namespace, method: str, path: str, query: dict[str, str] | None, data: Any
+) -> Any:
+    from urllib.request import Request
+
+    url = args.api.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
+    headers = {"Accept": "application/json"}
+    if args.token:
+        headers["Authorization"] = f"Bearer {args.token}"
+    body = None
+    if data is not None:
+        body = json.dumps(data).encode()
+        headers["Content-Type"] = "application/json"
+    return Request(url, data=body, headers=headers, method=method)
+
+
+def _open(args: argparse.Namespace, request: Any, timeout: float) -> Any:
+    from urllib.error import HTTPError, URLError
+    from urllib.request import urlopen
+
+    try:
+        return urlopen(request, timeout=timeout)
+    except HTTPError as exc:
+        raise CliError(_api_message(exc), 2 if exc.code < 500 else 1) from None
+    except (URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise CliError(f"cannot reach the API at {args.api}: {reason}", 1) from None
+
+
+def _call(
+    args: argparse.Namespace,
+    method: str,
+    path: str,
+    query: dict[str, str] | None = None,
+    payload: Any = None,
+) -> Any:
+    with _open(args, _request(args, method, path, query, payload), TIMEOUT_S) as response:
+        try:
+            return json.loads(response.read())
+        except (ValueError, OSError) as exc:
+            raise CliError(f"bad answer from {args.api}: {exc}", 1) from None
+
+
+def _sse(args: argparse.Namespace, path: str, query: dict[str, str]) -> Iterator[tuple[str, str]]:
+    """(event type, data) for each Server-Sent Event."""
+    request = _request(args, "GET", path, query, None)
+    request.add_header("Accept", "text/event-stream")
+    with _open(args, request, FOLLOW_TIMEOUT_S) as response:
+        kind, data = "message", list[str]()
+        for raw in _lines(args, response):
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if not line:
+                if data:
+                    yield kind, "\n".join(data)
+                kind, data = "message", []
+            elif line.startswith("event:"):
+                kind = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].removeprefix(" "))
+
+
+def _lines(args: argparse.Namespace, response: Any) -> Iterator[bytes]:
+    try:
+        yield from response
+    except OSError as exc:
+        raise CliError(f"the event stream from {args.api} failed: {exc}", 1) from None
+
+
+def _api_message(exc: Any) -> str:
+    try:
+        error = json.loads(exc.read())["error"]
+        return f"{error['message']} (HTTP {exc.code} {error['code']})"
+    except (ValueError, KeyError, TypeError, OSError):
+        return f"HTTP {exc.code} {exc.reason}"
+
+
+# --- output ---------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: int = 0) -> str:
+    """Rows as left-aligned columns (a header line first when given)."""
+    lines = [list(headers), *[[_cell(c) for c in row] for row in rows]] if headers else rows
+    if not lines:
+        return ""
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
+    pad = " " * indent
+    return "\n".join(
+        pad + "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def _print_json(value: Any, out: TextIO = sys.stdout) -> int:
+    json.dump(value, out, indent=2, sort_keys=True)
+    out.write("\n")
+    return 0
+
+
+def _cell(value: Any) -> str:
+    text = "-" if value is None or value == "" else str(value)
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def _flags(r: dict[str, Any]) -> str:
+    flags = [f for f in ("maintenance", "cordoned", "held") if r.get(f)]
+    if "maintenance" in flags:
+        flags.remove("cordoned")
+    return ",".join(flags) or "-"
+
+
+def _first_reason(reasons: list[dict[str, Any]]) -> str:
+    if not reasons:
+        return "-"
+    first = reasons[0]
+    text = first.get("message") or first["signal"]
+    return f"{text} (+{len(reasons) - 1})" if len(reasons) > 1 else str(text)
+
+
+def _operator(r: dict[str, Any]) -> str:
+    if not r["operator_by"]:
+        return "-"
+    return f"{r['operator_by']} since {_time(r['operator_ts'])}: {r['operator_reason']}"
+
+
+def _time(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``fn`` with CliError printed and turned into its exit status."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except CliError as exc:
+            print(f"metalguard: {exc}", file=sys.stderr)
+            return exc.code
+
+    return run
