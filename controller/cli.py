@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from controller import __version__
 
@@ -56,8 +57,35 @@ def _add_controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    demo = sub.add_parser("demo", help="run the demo: embedded NATS and the design's streams")
+    demo = sub.add_parser(
+        "demo",
+        help="run the demo: embedded NATS, a controller and a simulated fleet playing faults",
+    )
     demo.add_argument("--duration", type=float, default=None, help="stop by itself after S seconds")
+    demo.add_argument("--racks", type=int, default=4, help="racks of simulated nodes (default 4)")
+    demo.add_argument(
+        "--nodes-per-rack", type=int, default=8, help="simulated nodes per rack (default 8)"
+    )
+    demo.add_argument(
+        "--interval", type=float, default=1.0, help="agents' collection interval (default 1 s)"
+    )
+    demo.add_argument(
+        "--scenario",
+        type=Path,
+        default=None,
+        help="fault scenario TOML (default: scenarios/default.toml when present)",
+    )
+    demo.add_argument(
+        "--report", type=Path, default=None, help="write nodes, faults and events as JSON"
+    )
+    demo.add_argument(
+        "--headless",
+        action="store_true",
+        help="no browser to wait for: run --duration (default 120 s) and exit",
+    )
+    demo.add_argument(
+        "--http", default="127.0.0.1:8480", help="API listen address (a free port if taken)"
+    )
     demo.add_argument("--prefix", default="mg", help="subject prefix (default: mg)")
     demo.set_defaults(func=_run_demo)
 
@@ -82,9 +110,30 @@ def _run_controller(args: argparse.Namespace) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     import asyncio
 
-    from controller.demo import run_demo
+    from controller.demo import DemoOptions, run_demo
+    from proto.documents import DocumentError
 
-    return asyncio.run(run_demo(duration_s=args.duration, prefix=args.prefix))
+    if args.racks < 1 or args.nodes_per_rack < 1 or args.interval <= 0:
+        print(
+            "metalguard: --racks, --nodes-per-rack and --interval must be positive", file=sys.stderr
+        )
+        return 2
+    options = DemoOptions(
+        duration_s=args.duration,
+        prefix=args.prefix,
+        racks=args.racks,
+        nodes_per_rack=args.nodes_per_rack,
+        interval_s=args.interval,
+        scenario=args.scenario,
+        report=args.report,
+        headless=args.headless,
+        http=args.http,
+    )
+    try:
+        return asyncio.run(run_demo(options))
+    except DocumentError as exc:
+        print(f"metalguard: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:

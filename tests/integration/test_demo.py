@@ -26,6 +26,9 @@ from proto.subjects import Subjects
 from proto.telemetry import TelemetryBatch
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
+SMALL_FLEET = ("--racks", "1", "--nodes-per-rack", "2", "--http", "127.0.0.1:0")
+"""The protocol test needs the server, not a 32-node fleet (tests/integration/
+test_fleet_e2e.py covers the fleet)."""
 URL_RE = re.compile(r"nats://[0-9A-Za-z.\-\[\]:]+:\d+")
 START_DEADLINE_S = 30.0
 """The demo starts nats-server and creates the streams within this."""
@@ -152,6 +155,7 @@ async def test_demo_prints_a_url_serves_it_and_stops_cleanly_on_sigint(tmp_path:
         proc = await asyncio.create_subprocess_exec(
             str(METALGUARD),
             "demo",
+            *SMALL_FLEET,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=stderr,
