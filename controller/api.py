@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from controller.api_sse import EventFilter, EventSource, SseHub
 from controller.lifecycle import OperatorAction
+from controller.scoring_signals import NodeSignals
 from proto.codec import to_builtins
 from proto.events import ControllerEvent
 from proto.nodes import GRADES, NodeRecord
@@ -51,6 +52,10 @@ class ControllerView(Protocol):
     async def operator_action(
         self, handle: str, action: OperatorAction, reason: str, who: str
     ) -> tuple[ControllerEvent, ...]: ...
+
+    def recent_signals(self, handle: str) -> NodeSignals | None:
+        """The node's scoring history (counter samples), if any."""
+        ...
 
 
 class ApiError(Exception):
@@ -159,10 +164,17 @@ async def list_nodes(request: web.Request) -> web.Response:
 
 
 async def get_node(request: web.Request) -> web.Response:
-    """One node's full record: score, grade, reasons, operator state, grade history."""
+    """One node's full record (score, grade, reasons, operator state, grade history) and
+    its recent signals: each counter's samples ``[ts, value]`` and resets."""
     request.app[TOKENS].check(request, admin=False)
-    handle, record = _lookup(request.app[VIEW].store.records, request.match_info["node"])
-    return web.json_response({"handle": handle, "record": to_builtins(record)})
+    view = request.app[VIEW]
+    handle, record = _lookup(view.store.records, request.match_info["node"])
+    history = view.recent_signals(handle)
+    signals = {
+        key: {"samples": [list(s) for s in h.samples], "resets": h.resets}
+        for key, h in (history.counters.items() if history else ())
+    }
+    return web.json_response({"handle": handle, "record": to_builtins(record), "signals": signals})
 
 
 async def act(request: web.Request) -> web.Response:

@@ -115,6 +115,10 @@ class RegionController:
 
         await self._round(event.node, round_)
 
+    def recent_signals(self, handle: str) -> NodeSignals | None:
+        """A node's scoring history: counter samples behind its rates (for the API)."""
+        return self._signals.get(handle) or self.store.signals.get(handle)
+
     # --- operators and time ---------------------------------------------------------------
 
     async def operator_action(

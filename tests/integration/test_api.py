@@ -92,6 +92,11 @@ async def test_node_by_handle_name_unknown_ambiguous(client: TestClient[Any, Any
     assert record["grade"] == "HEALTHY"
     assert record["score"] == 100.0
     assert {"reasons", "history", "cordoned", "last_seen_ts"} <= set(record)
+    signals = body["signals"]
+    assert signals, "the node's recent counter samples"
+    for counter in signals.values():
+        assert counter["samples"]
+        assert all(len(sample) == 2 for sample in counter["samples"])
 
     by_name = await (await client.get("/v1/nodes/n3", headers=READ)).json()
     assert by_name["handle"] == "r1.c1.n3"
@@ -290,6 +295,9 @@ class BrokenView:
         raise _SecretError("secret internals /etc/metalguard")
 
     async def operator_action(self, handle: str, action: Any, reason: str, who: str) -> Any:
+        raise AssertionError("not reached")
+
+    def recent_signals(self, handle: str) -> Any:
         raise AssertionError("not reached")
 
 
