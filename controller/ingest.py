@@ -237,7 +237,9 @@ class Ingest:
             route.fetching = True
             try:
                 msgs = await sub.fetch(batch=s.fetch_batch, timeout=s.fetch_timeout_s)
-            except nats.errors.TimeoutError:
+            except TimeoutError:
+                # An empty pull.  nats-py raises its own TimeoutError, or, on a busy loop,
+                # the plain one (an OSError): neither is a failure to back off from.
                 continue
             except (nats.errors.Error, OSError) as exc:
                 await self._recover(route, exc)

@@ -72,10 +72,10 @@ def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Trans
         if was == "FAILING":
             target: Grade = "FAILING"
             message = f"score {obs.score:.0f}: still not clean, stays FAILING"
-        elif was == "MAINTENANCE" or base.running_jobs == 0:
+        elif was == "MAINTENANCE" or (was == "SUB_HEALTHY" and base.running_jobs == 0):
             target = "MAINTENANCE"
             message = f"score {obs.score:.0f}: sub-healthy with no running jobs"
-        else:
+        else:  # first SUB_HEALTHY, announced as such; drained to MAINTENANCE next cycle
             target = "SUB_HEALTHY"
             message = f"score {obs.score:.0f}: sub-healthy, no new work; running jobs continue"
         return change_grade(

@@ -151,7 +151,8 @@ async def test_fleet_faults_become_explained_decisions(
         assert "DIMM" in reason.message or "dimm" in reason.message
         assert reason.value == 1
 
-        # 2. A correctable-error storm -> sub-healthy (with no jobs on it: maintenance).
+        # 2. A correctable-error storm -> SUB_HEALTHY (announced), then, with no jobs on
+        #    it, MAINTENANCE on a later cycle.
         storm = names[1]
         fleet.apply("ecc_ce_storm", storm, count=40, duration_s=30)
         await wait_until(

@@ -85,3 +85,35 @@ def test_fleet_bench_quick_prints_figures() -> None:
     match = re.search(r"batches stored/s:\s+([\d.]+) \(ideal 10\.0", result.stdout)
     assert match, result.stdout
     assert float(match.group(1)) > 0
+
+
+def test_ingest_bench_quick_prints_figures() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH.parent / "ingest_bench.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"^machine: \d+ vCPU", out, re.M), out
+    rates = {
+        m.group(1): float(m.group(2).replace(",", ""))
+        for line in out.splitlines()
+        if (
+            m := re.match(
+                r"^(raw nats-py|1 controller|2 controller)\D.*?\s([\d,]+)\s+[\d.]+x$", line
+            )
+        )
+    }
+    assert set(rates) == {"raw nats-py", "1 controller", "2 controller"}, out
+    assert all(rate > 0 for rate in rates.values())
+    assert re.search(r"^controller/raw = [\d.]+ \(goal >= 0\.7: (met|missed)\)", out, re.M)
+    assert "handled per process: [400, 200, 200] (handler errors: 0)" in out
+    row = re.search(
+        r"^\s*(\d+)/(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$", out, re.M
+    )
+    assert row, out
+    assert row.group(1) == row.group(2) == "20", "every failing node isolated"
+    assert re.search(r"^p99 fault-to-isolation = [\d.]+ s \(goal <= 1 s: (met|missed)\)", out, re.M)

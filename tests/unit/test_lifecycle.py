@@ -135,7 +135,8 @@ TABLE: list[tuple[str, int, list[str], str, list[str]]] = [
     ("clean stays quiet", 2, ["H", "H", "H"], "HEALTHY", []),
     ("healthy -> sub-healthy", 2, ["S"], "SUB_HEALTHY", [SUB]),
     ("sub-healthy again is quiet", 2, ["S", "S"], "SUB_HEALTHY", [SUB]),
-    ("idle sub-healthy -> maintenance", 0, ["S"], "MAINTENANCE", [MNT]),
+    ("idle sub-healthy is announced first", 0, ["S"], "SUB_HEALTHY", [SUB]),
+    ("idle sub-healthy -> maintenance", 0, ["S", "S"], "MAINTENANCE", [SUB, MNT]),
     ("sub-healthy empties -> maintenance", 2, ["S", "jobs:0"], "MAINTENANCE", [SUB, MNT]),
     ("healthy node losing jobs stays", 2, ["jobs:0", "H"], "HEALTHY", []),
     ("healthy -> failing", 2, ["F"], "FAILING", [ISO]),
@@ -143,7 +144,7 @@ TABLE: list[tuple[str, int, list[str], str, list[str]]] = [
     ("failing again is quiet", 2, ["F", "F", "X"], "FAILING", [ISO]),
     ("sub-healthy -> failing", 2, ["S", "F"], "FAILING", [SUB, ISO]),
     ("failing does not soften to sub-healthy", 2, ["F", "S"], "FAILING", [ISO]),
-    ("maintenance -> failing", 0, ["S", "F"], "FAILING", [MNT, ISO]),
+    ("maintenance -> failing", 0, ["S", "S", "F"], "FAILING", [SUB, MNT, ISO]),
     # hysteresis (N = 3)
     ("failing: N-1 clean not enough", 2, ["F", "H", "H"], "FAILING", [ISO]),
     ("failing: N clean return", 2, ["F", "H", "H", "H"], "HEALTHY", [ISO, RET]),
@@ -152,7 +153,7 @@ TABLE: list[tuple[str, int, list[str], str, list[str]]] = [
     ("sub-healthy: N-1 not enough", 2, ["S", "H", "H"], "SUB_HEALTHY", [SUB]),
     ("sub-healthy: N clean return", 2, ["S", "H", "H", "H"], "HEALTHY", [SUB, RET]),
     ("sub-healthy: a fault resets", 2, ["S", "H", "H", "S", "H", "H"], "SUB_HEALTHY", [SUB]),
-    ("maintenance: N clean return", 0, ["S", "H", "H", "H"], "HEALTHY", [MNT, RET]),
+    ("maintenance: N clean return", 0, ["S", "S", "H", "H", "H"], "HEALTHY", [SUB, MNT, RET]),
     # unreachable
     ("silence -> unreachable", 2, ["H", "gap"], "UNREACHABLE", [UNR]),
     ("silence announced once", 2, ["H", "gap", "gap"], "UNREACHABLE", [UNR]),
@@ -163,7 +164,7 @@ TABLE: list[tuple[str, int, list[str], str, list[str]]] = [
     ("sub-healthy keeps its probation", 2, ["S", "gap", "H"], "SUB_HEALTHY", [SUB, UNR, SUB]),
     ("probation completes", 2, ["S", "gap", "H", "H", "H"], "HEALTHY", [SUB, UNR, SUB, RET]),
     ("failing node silent stays failing", 2, ["F", "gap"], "FAILING", [ISO]),
-    ("maintenance node silent stays", 0, ["S", "gap"], "MAINTENANCE", [MNT]),
+    ("maintenance node silent stays", 0, ["S", "S", "gap"], "MAINTENANCE", [SUB, MNT]),
     # operators
     ("cordon", 2, ["cordon"], "HEALTHY", [COR]),
     ("cordon twice is one", 2, ["cordon", "cordon", "H"], "HEALTHY", [COR]),

@@ -1,0 +1,507 @@
+"""Controller ingest throughput and fault-to-isolation latency, on a local nats-server.
+
+Starts its own nats-server (loopback, temp dir) and measures, in one run:
+
+(a) Throughput. N realistic TelemetryBatches (healthy nodes over several clusters) are
+    published into the telemetry stream first, then consumed:
+
+    - baseline: a raw nats-py pull consumer in this process (fetch 256, ``proto.codec.decode``,
+      ack): messages per second;
+    - one controller process (``Ingest`` + ``RegionController`` + ``NodeStore``: real scoring,
+      lifecycle, rail and KV writes) on its own durable over the same messages: batches per
+      second from its start until the consumer has nothing pending or unacknowledged;
+    - two controller processes over a fresh fill of the same batches, each owning half of
+      the clusters (``IngestSettings(clusters=...)``: rail state is per cluster, so a
+      cluster has one owner): the combined rate.
+
+(b) Latency. F x P simulated nodes (F clusters of P) each send one healthy batch, and once
+    one controller process knows them all, ``failing`` nodes (the same number in every
+    cluster, inside the rail's 10 %) publish a batch with a new uncorrectable ECC error at
+    once. A core subscription on ``<p>.ctl.>`` takes the arrival time of each
+    ``node.isolated``; the latency of a node is arrival minus the time its batch was
+    published.
+
+The controller processes are children of this script (``--worker``, hidden): started and
+loaded first, then told to go, so their start-up is not measured.
+
+Usage: python bench/ingest_bench.py [--quick] [--batches N] [--nodes N] [--clusters N]
+       [--lat-clusters F] [--lat-per-cluster P] [--lat-failing K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from controller.ingest import Ingest
+from controller.ingest_settings import IngestSettings, StreamKind, durable_name
+from controller.natsserver import NatsServer, find_nats_server
+from controller.region import RegionController
+from controller.state import NodeStore
+from controller.streams import ensure_streams
+from proto.base import NodeIdentity
+from proto.codec import decode, encode
+from proto.events import ControllerEvent
+from proto.subjects import Subjects
+from proto.telemetry import (
+    AerCounters,
+    CollectorRun,
+    EdacController,
+    EdacDimm,
+    Fan,
+    HwmonChip,
+    PcieDevice,
+    TelemetryBatch,
+    Temperature,
+)
+
+REGION = "r1"
+PUBLISH_CHUNK = 500
+"""Publishes in flight at once while filling the stream."""
+ISOLATION_GOAL_S = 1.0
+RATIO_GOAL = 0.7
+
+AER_COR = ("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr")
+AER_UNCOR = ("DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF", "MalfTLP")
+
+
+# --- the batches ------------------------------------------------------------------------
+
+
+def cluster_name(i: int) -> str:
+    return f"c{i:02d}"
+
+
+def node_name(i: int) -> str:
+    return f"n{i:05d}"
+
+
+def make_batch(cluster: str, node: str, seq: int, ue_dimm: int | None = None) -> TelemetryBatch:
+    """A healthy node's cycle: 2 EDAC controllers x 4 DIMMs, 4 PCIe functions with AER
+    counter dicts, one hwmon chip with 4 fans and 4 temperatures, 4 collector runs.
+    ``ue_dimm``: that DIMM (0-7) reports one uncorrectable ECC error."""
+    edac = tuple(
+        EdacController(
+            mc=mc,
+            ce_count=2,
+            ue_count=1 if ue_dimm is not None and ue_dimm // 4 == mc else 0,
+            ce_noinfo_count=0,
+            ue_noinfo_count=0,
+            dimms=tuple(
+                EdacDimm(
+                    name=f"dimm{d}",
+                    label=f"CPU_SrcID#{mc}_MC#{mc}_Chan#{d // 2}_DIMM#{d % 2}",
+                    ce_count=1 if d < 2 else 0,
+                    ue_count=1 if ue_dimm == mc * 4 + d else 0,
+                )
+                for d in range(4)
+            ),
+        )
+        for mc in range(2)
+    )
+    cor = {name: 0 for name in AER_COR} | {"TOTAL_ERR_COR": 0}
+    pcie = tuple(
+        PcieDevice(
+            address=f"0000:{0x17 + 0x10 * i:02x}:00.0",
+            pci_class="0x030200" if i < 2 else "0x020700",
+            vendor="0x10de" if i < 2 else "0x15b3",
+            device="0x2330" if i < 2 else "0x1021",
+            current_link_speed_gts=32.0,
+            max_link_speed_gts=32.0,
+            current_link_width=16,
+            max_link_width=16,
+            aer=AerCounters(
+                correctable=cor,
+                fatal={name: 0 for name in AER_UNCOR} | {"TOTAL_ERR_FATAL": 0},
+                nonfatal={name: 0 for name in AER_UNCOR} | {"TOTAL_ERR_NONFATAL": 0},
+            ),
+        )
+        for i in range(4)
+    )
+    hwmon = (
+        HwmonChip(
+            chip="platform_nct6775_656",
+            name="nct6798",
+            fans=tuple(Fan(sensor=f"fan{i}", rpm=4200.0 + 10 * i, min_rpm=600.0) for i in range(4)),
+            temps=tuple(
+                Temperature(
+                    sensor=f"temp{i}", celsius=45.0 + i, crit_celsius=95.0, max_celsius=85.0
+                )
+                for i in range(4)
+            ),
+        ),
+    )
+    collectors = tuple(
+        CollectorRun(collector=c, duration_s=0.002, success=True)
+        for c in ("edac", "pcie", "hwmon", "smart")
+    )
+    now = time.time()
+    return TelemetryBatch(
+        node=NodeIdentity(region=REGION, cluster=cluster, node=node),
+        seq=seq,
+        ts=now,
+        interval_s=15.0,
+        started_ts=now - 0.01,
+        edac=edac,
+        pcie=pcie,
+        hwmon=hwmon,
+        collectors=collectors,
+    )
+
+
+def fleet_batches(
+    subjects: Subjects, count: int, nodes: int, clusters: int
+) -> list[tuple[str, bytes]]:
+    """``count`` encoded batches, round robin over ``nodes`` nodes spread over ``clusters``."""
+    names = [(cluster_name(i % clusters), node_name(i)) for i in range(nodes)]
+    out = []
+    for k in range(count):
+        cluster, node = names[k % nodes]
+        batch = make_batch(cluster, node, seq=1 + k // nodes)
+        out.append((subjects.telemetry(REGION, cluster, node), encode(batch)))
+    return out
+
+
+async def fill(js: JetStreamContext, batches: list[tuple[str, bytes]]) -> float:
+    """Publish ``batches`` (pipelined, PUBLISH_CHUNK in flight); msgs/s."""
+    started = time.perf_counter()
+    for i in range(0, len(batches), PUBLISH_CHUNK):
+        chunk = batches[i : i + PUBLISH_CHUNK]
+        await asyncio.gather(*(js.publish(s, d, timeout=30) for s, d in chunk))
+    return len(batches) / (time.perf_counter() - started)
+
+
+# --- the controller process (--worker) --------------------------------------------------
+
+
+async def worker(url: str, prefix: str, clusters: tuple[str, ...]) -> None:
+    """A controller process: load, say ready, start ingest on "go", stop at stdin EOF."""
+    nc = await nats.connect(url, name="ingest-bench-worker")
+    js = nc.jetstream(timeout=10)
+    subjects = Subjects(prefix)
+    store = await NodeStore.open(js, subjects)
+    region = RegionController(js, store, subjects, REGION)
+    await region.start()
+    ingest = Ingest(js, subjects, IngestSettings(region=REGION, clusters=clusters), region)
+    loop = asyncio.get_running_loop()
+    print("ready", flush=True)
+    line = await loop.run_in_executor(None, sys.stdin.readline)
+    cpu0 = time.process_time()
+    if line.strip() == "go":
+        await ingest.start()
+        await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
+        await ingest.stop()
+    await region.stop()
+    stats = ingest.stats()
+    cpu = time.process_time() - cpu0
+    counts = {"ingested": stats.total("ingested"), "errors": stats.total("handler_errors")}
+    grades = collections.Counter(r.grade for r in store.records.values())
+    print(
+        json.dumps(counts | {"cpu_ms": round(cpu * 1000), "grades": dict(sorted(grades.items()))})
+    )
+    await nc.close()
+
+
+@dataclass
+class Worker:
+    """A controller child process and the durable it consumes telemetry with."""
+
+    proc: subprocess.Popen[str]
+    durable: str
+
+    @classmethod
+    def spawn(cls, url: str, prefix: str, clusters: tuple[str, ...]) -> Worker:
+        cmd = [sys.executable, __file__, "--worker", "--url", url, "--prefix", prefix]
+        if clusters:
+            cmd += ["--own", ",".join(clusters)]
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        settings = IngestSettings(region=REGION, clusters=clusters)
+        return cls(proc, durable_name(settings, StreamKind.TELEMETRY))
+
+    async def ready(self) -> None:
+        assert self.proc.stdout is not None
+        line = await asyncio.to_thread(self.proc.stdout.readline)
+        if line.strip() != "ready":
+            raise RuntimeError(f"controller worker did not start (said {line!r})")
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    async def finish(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.close()
+        out = await asyncio.to_thread(self.proc.stdout.read)
+        await asyncio.to_thread(self.proc.wait, 30)
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        return json.loads(lines[-1]) if lines else {}
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def drained(js: JetStreamContext, stream: str, durables: list[str]) -> bool:
+    """Whether every durable has nothing pending and nothing unacknowledged."""
+    for durable in durables:
+        try:
+            info = await js.consumer_info(stream, durable)
+        except NotFoundError:
+            return False  # not created yet
+        if info.num_pending or info.num_ack_pending:
+            return False
+    return True
+
+
+async def run_workers(
+    js: JetStreamContext, url: str, subjects: Subjects, owners: list[tuple[str, ...]], n: int
+) -> tuple[float, list[dict[str, Any]]]:
+    """Start one controller per cluster set, go, wait until all is acked; (batches/s, stats)."""
+    workers = [Worker.spawn(url, subjects.prefix, own) for own in owners]
+    try:
+        await asyncio.gather(*(w.ready() for w in workers))
+        started = time.perf_counter()
+        for w in workers:
+            w.go()
+        deadline = time.monotonic() + 600
+        while not await drained(js, subjects.stream_telemetry, [w.durable for w in workers]):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the controllers did not drain the stream in 600 s")
+            await asyncio.sleep(0.05)
+        rate = n / (time.perf_counter() - started)
+        return rate, [await w.finish() for w in workers]
+    finally:
+        for w in workers:
+            w.kill()
+
+
+# --- (a) throughput ---------------------------------------------------------------------
+
+
+async def raw_consume(js: JetStreamContext, subjects: Subjects, n: int) -> float:
+    """The baseline: pull 256 at a time, decode, ack; msgs/s."""
+    sub = await js.pull_subscribe(
+        subjects.all_of("tel"), durable="raw", stream=subjects.stream_telemetry
+    )
+    got = 0
+    started = time.perf_counter()
+    while got < n:
+        try:
+            msgs = await sub.fetch(batch=256, timeout=2)
+        except nats.errors.TimeoutError:
+            raise RuntimeError(f"raw consumer got {got} of {n} messages") from None
+        for msg in msgs:
+            decode(msg.data, TelemetryBatch)
+            await msg.ack()
+        got += len(msgs)
+    rate = n / (time.perf_counter() - started)
+    await sub.unsubscribe()
+    return rate
+
+
+async def throughput(nc: Client, url: str, n: int, nodes: int, clusters: int) -> None:
+    js = nc.jetstream(timeout=30)
+    subjects = Subjects("iba")
+    await ensure_streams(js, subjects)
+    batches = fleet_batches(subjects, n, nodes, clusters)
+    size = sum(len(d) for _, d in batches) / n
+    fill_rate = await fill(js, batches)
+    print(f"\n(a) throughput: {n:,} batches from {nodes:,} nodes in {clusters} clusters, "
+          f"{size:,.0f} bytes each (stream filled at {fill_rate:,.0f} msgs/s)")  # fmt: skip
+    raw = await raw_consume(js, subjects, n)
+    one, stats1 = await run_workers(js, url, subjects, [()], n)
+
+    subjects2 = Subjects("ibb")
+    await ensure_streams(js, subjects2)
+    await fill(js, fleet_batches(subjects2, n, nodes, clusters))
+    names = [cluster_name(i) for i in range(clusters)]
+    two, stats2 = await run_workers(js, url, subjects2, [tuple(names[0::2]), tuple(names[1::2])], n)
+
+    print(f"{'consumer':<44} {'msgs/s':>9} {'vs raw':>7}")
+    print(f"{'raw nats-py pull + decode + ack':<44} {raw:>9,.0f} {1.0:>6.2f}x")
+    print(f"{'1 controller process (score, decide, KV)':<44} {one:>9,.0f} {one / raw:>6.2f}x")
+    print(f"{'2 controller processes (clusters split)':<44} {two:>9,.0f} {two / raw:>6.2f}x")
+    verdict = "met" if one / raw >= RATIO_GOAL else "missed"
+    print(f"controller/raw = {one / raw:.2f} (goal >= {RATIO_GOAL}: {verdict}); "
+          f"2 processes / 1 = {two / one:.2f}")  # fmt: skip
+    handled = [s.get("ingested", 0) for s in stats1 + stats2]
+    errors = sum(s.get("errors", 0) for s in stats1 + stats2)
+    print(f"handled per process: {handled} (handler errors: {errors})")
+    cpu = [s.get("cpu_ms", 0) / max(1, s.get("ingested", 0)) for s in stats1 + stats2]
+    print(f"controller CPU per batch: 1 process {cpu[0]:.2f} ms; "
+          f"2 processes {cpu[1]:.2f} / {cpu[2]:.2f} ms")  # fmt: skip
+
+
+# --- (b) fault-to-isolation latency ------------------------------------------------------
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
+
+
+async def latency(nc: Client, url: str, clusters: int, per_cluster: int, failing: int) -> None:
+    js = nc.jetstream(timeout=30)
+    subjects = Subjects("ibl")
+    await ensure_streams(js, subjects)
+    nodes = clusters * per_cluster
+    bad = failing * clusters
+    print(f"\n(b) fault to isolation: {nodes:,} nodes ({clusters} clusters x {per_cluster}), "
+          f"{bad} fail at once ({failing} per cluster; rail limit "
+          f"{max(1, per_cluster // 10)} per cluster)")  # fmt: skip
+    await fill(js, fleet_batches(subjects, nodes, nodes, clusters))
+    arrived: dict[str, float] = {}
+    kinds: collections.Counter[str] = collections.Counter()
+    all_arrived = asyncio.Event()
+
+    async def on_msg(msg: Msg) -> None:
+        now = time.monotonic()
+        event = decode(msg.data, ControllerEvent)
+        kinds[event.kind] += 1
+        if event.kind == "node.isolated" and event.node is not None:
+            arrived.setdefault(event.node.node, now)
+            if len(arrived) >= bad:
+                all_arrived.set()
+
+    sub = await nc.subscribe(subjects.all_of("ctl"), cb=on_msg)
+    w = Worker.spawn(url, subjects.prefix, ())
+    try:
+        await w.ready()
+        started = time.perf_counter()
+        w.go()
+        deadline = time.monotonic() + 300
+        while not await drained(js, subjects.stream_telemetry, [w.durable]):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the controller did not take in the healthy batches in 300 s")
+            await asyncio.sleep(0.1)
+        warm = time.perf_counter() - started
+        print(f"all {nodes:,} nodes known and HEALTHY after {warm:.1f} s ({nodes / warm:,.0f} "
+              "batches/s, each a first batch: record and history created in KV)")  # fmt: skip
+        await asyncio.sleep(0.5)
+        victims = [
+            (cluster_name(i % clusters), node_name(i))
+            for i in range(nodes)
+            if i // clusters < failing
+        ]
+        encoded = [
+            (subjects.telemetry(REGION, c, n), encode(make_batch(c, n, seq=2, ue_dimm=5)))
+            for c, n in victims
+        ]
+        published: dict[str, float] = {}
+
+        async def publish(subject: str, data: bytes, node: str) -> None:
+            published[node] = time.monotonic()
+            await js.publish(subject, data, timeout=30)
+
+        burst0 = time.monotonic()
+        await asyncio.gather(
+            *(publish(s, d, n) for (s, d), (_, n) in zip(encoded, victims, strict=True))
+        )
+        burst = time.monotonic() - burst0
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_arrived.wait(), 30)
+        await asyncio.sleep(0.2)
+        stats = await w.finish()
+    finally:
+        w.kill()
+        await sub.unsubscribe()
+    lat = [arrived[n] - published[n] for _, n in victims if n in arrived]
+    within = sum(1 for v in lat if v <= ISOLATION_GOAL_S)
+    print(f"the {bad} failing batches were published (acked by JetStream) in {burst:.2f} s")
+    print(f"{'isolated':>9} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} {'max s':>7} {'<=1 s':>7}")
+    if lat:
+        print(f"{len(lat):>5}/{bad:<3} {percentile(lat, 50):>7.3f} {percentile(lat, 90):>7.3f} "
+              f"{percentile(lat, 99):>7.3f} {max(lat):>7.3f} {within:>7}")  # fmt: skip
+        verdict = "met" if len(lat) == bad and percentile(lat, 99) <= ISOLATION_GOAL_S else "missed"
+        mean = statistics.fmean(lat)
+        print(f"p99 fault-to-isolation = {percentile(lat, 99):.3f} s (goal <= "
+              f"{ISOLATION_GOAL_S:g} s: {verdict}); mean {mean:.3f} s")  # fmt: skip
+    else:
+        print(f"    0/{bad} no node.isolated arrived within 30 s")
+    print(f"controller handled {stats.get('ingested', '?')} messages, "
+          f"{stats.get('errors', '?')} handler errors; grades at the end: "
+          f"{stats.get('grades', '?')}")  # fmt: skip
+    print(f"control events seen: {dict(sorted(kinds.items()))}")
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def machine_note() -> str:
+    try:
+        version = subprocess.run(
+            [find_nats_server(), "--version"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError, RuntimeError):
+        version = "nats-server ?"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"machine: {os.cpu_count()} vCPU {platform.machine()}, Python "
+            f"{platform.python_version()}, {version}, load average {load:.1f}; nats-server, "
+            f"this script and the controller process(es) share these CPUs")  # fmt: skip
+
+
+async def measure(args: argparse.Namespace, root: Path) -> None:
+    server = NatsServer(store_dir=root / "js")
+    url = await asyncio.to_thread(server.start)
+    nc = await nats.connect(url, name="ingest-bench")
+    try:
+        print(machine_note())
+        if args.quick:
+            print("quick mode: tiny sizes (smoke test), figures not meaningful")
+        await throughput(nc, url, args.batches, args.nodes, args.clusters)
+        await latency(nc, url, args.lat_clusters, args.lat_per_cluster, args.lat_failing)
+    finally:
+        await nc.close()
+        await asyncio.to_thread(server.close)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds (smoke)")
+    parser.add_argument("--batches", type=int, default=20_000)
+    parser.add_argument("--nodes", type=int, default=2_000)
+    parser.add_argument("--clusters", type=int, default=8)
+    parser.add_argument("--lat-clusters", type=int, default=20)
+    parser.add_argument("--lat-per-cluster", type=int, default=500)
+    parser.add_argument("--lat-failing", type=int, default=25)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--own", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        own = tuple(c for c in args.own.split(",") if c)
+        asyncio.run(worker(args.url, args.prefix, own))
+        return 0
+    if args.quick:
+        args.batches, args.nodes, args.clusters = 400, 40, 4
+        args.lat_clusters, args.lat_per_cluster, args.lat_failing = 4, 50, 5
+    with tempfile.TemporaryDirectory(prefix="mg-ingest-bench-") as tmp:
+        asyncio.run(measure(args, Path(tmp)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
