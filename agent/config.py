@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 import msgspec
 
+from proto.access import ConfigSection, NatsAccess, Seconds
 from proto.base import Token
 from proto.documents import DocumentError, decode_toml, read_text
 
-Seconds = Annotated[float, msgspec.Meta(ge=0.05)]
 MIB = 1024 * 1024
 
 
@@ -23,8 +23,7 @@ class ConfigError(DocumentError):
     """The config file is unreadable or invalid; the message names file, key, problem."""
 
 
-class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pass
+_Section = ConfigSection
 
 
 class NodeSection(_Section, frozen=True):
@@ -38,20 +37,9 @@ class NodeSection(_Section, frozen=True):
     """Default: DMI product_uuid, else /etc/machine-id."""
 
 
-class NatsSection(_Section, frozen=True):
-    """``[nats]``: how to reach the region's NATS servers."""
+class NatsSection(NatsAccess, frozen=True):
+    """``[nats]``: the shared access settings plus the agent's reconnect backoff."""
 
-    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
-    prefix: Token = "mg"
-    credentials: str = ""
-    """A NATS .creds file (JWT + nkey seed)."""
-    nkey_seed: str = ""
-    """A file holding this node's nkey seed (nkey auth without JWT)."""
-    tls_ca: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    connect_timeout_s: Seconds = 2.0
-    publish_timeout_s: Seconds = 5.0
     reconnect_base_s: Seconds = 0.5
     reconnect_max_s: Seconds = 30.0
 

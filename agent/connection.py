@@ -24,6 +24,7 @@ from nats.aio.client import Client, Server
 from nats.js import JetStreamContext
 
 from agent.backoff import Backoff, Sleep, guarded_task
+from proto.access import tls_context as proto_tls_context
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +65,7 @@ def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
     """The TLS context the settings ask for, or None for plain TCP."""
     if settings.tls is not None:
         return settings.tls
-    if not (settings.tls_ca or settings.tls_cert):
-        return None
-    try:
-        ctx = ssl.create_default_context(cafile=settings.tls_ca or None)
-        if settings.tls_cert:
-            ctx.load_cert_chain(settings.tls_cert, settings.tls_key or None)
-    except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"NATS TLS files unusable: {exc}") from None
-    return ctx
+    return proto_tls_context(settings.tls_ca, settings.tls_cert, settings.tls_key)
 
 
 ClientFactory = Callable[[], Client]

@@ -8,9 +8,6 @@ A config error names the file, the key and the problem::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
-
-import msgspec
 
 from controller.lifecycle import LifecycleConfig
 from controller.scoring_config import (
@@ -19,37 +16,23 @@ from controller.scoring_config import (
     ScoringConfigError,
     load_scoring_config,
 )
+from proto.access import ConfigSection, NatsAccess, Seconds
 from proto.base import Token
 from proto.documents import DocumentError, decode_toml, read_text
-
-Seconds = Annotated[float, msgspec.Meta(ge=0.05)]
 
 
 class ConfigError(DocumentError):
     """The config file is unreadable or invalid; the message names file, key, problem."""
 
 
-class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    pass
+_Section = ConfigSection
 
 
-class NatsSection(_Section, frozen=True):
-    """``[nats]``: how to reach the region's NATS servers."""
+class NatsSection(NatsAccess, frozen=True):
+    """``[nats]``: the shared access settings plus the first connect's deadline."""
 
-    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
-    prefix: Token = "mg"
-    credentials: str = ""
-    """A NATS .creds file (JWT + nkey seed)."""
-    nkey_seed: str = ""
-    """A file holding the controller's nkey seed (nkey auth without JWT)."""
-    tls_ca: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    connect_timeout_s: Seconds = 2.0
-    """One connection attempt."""
     connect_deadline_s: Seconds = 30.0
     """The first connect gives up (exit 1) after this long."""
-    publish_timeout_s: Seconds = 5.0
 
 
 class HttpSection(_Section, frozen=True):

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from controller.region import RegionController
 from controller.scoring_config import ScoringConfig
 from controller.state import NodeStore
 from controller.streams import ensure_streams
+from proto.access import tls_context
 from proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,11 @@ def connect_options(cfg: NatsSection) -> dict[str, Any]:
         options["user_credentials"] = cfg.credentials
     if cfg.nkey_seed:
         options["nkeys_seed"] = cfg.nkey_seed
-    if cfg.tls_ca or cfg.tls_cert:
-        try:
-            ctx = ssl.create_default_context(cafile=cfg.tls_ca or None)
-            if cfg.tls_cert:
-                ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key or None)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"nats.tls_*: TLS files unusable: {exc}") from None
+    try:
+        ctx = tls_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+    except ValueError as exc:
+        raise ConfigError(f"nats.tls_*: {exc}") from None
+    if ctx is not None:
         options["tls"] = ctx
     return options
 

@@ -1,0 +1,50 @@
+"""How a process reaches its region's NATS: the ``[nats]`` section both the agent's and
+the controller's config files share, and the TLS context it asks for."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Annotated
+
+import msgspec
+
+from proto.base import Token
+
+Seconds = Annotated[float, msgspec.Meta(ge=0.05)]
+"""A duration in a config file (at least 50 ms)."""
+
+
+class ConfigSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A table of a config file: immutable, and a misspelled key is an error."""
+
+
+class NatsAccess(ConfigSection, frozen=True):
+    """``[nats]``: servers, subject prefix, credentials, TLS, timeouts."""
+
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    prefix: Token = "mg"
+    credentials: str = ""
+    """A NATS .creds file (JWT + nkey seed): this process's own user."""
+    nkey_seed: str = ""
+    """A file holding this process's nkey seed (nkey auth without JWT)."""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    connect_timeout_s: Seconds = 2.0
+    """One connection attempt."""
+    publish_timeout_s: Seconds = 5.0
+    """How long to wait for a JetStream acknowledgement."""
+
+
+def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The TLS context for these files (server verification, client certificate), or None
+    for plain TCP; ValueError naming the problem when the files are unusable."""
+    if not (ca or cert):
+        return None
+    try:
+        ctx = ssl.create_default_context(cafile=ca or None)
+        if cert:
+            ctx.load_cert_chain(cert, key or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"NATS TLS files unusable: {exc}") from None
+    return ctx
