@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from uuid import uuid4
 
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from controller.natsserver import NatsServer
+from controller.streams import StreamSettings, bucket_configs, ensure_streams, stream_configs
+from proto.subjects import Subjects
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -50,3 +54,25 @@ def fresh_server(tmp_path: Path) -> Iterator[NatsServer]:
         yield server
     finally:
         server.close()
+
+
+async def drop_streams(js: JetStreamContext, subjects: Subjects) -> None:
+    """Delete every stream and bucket that ``ensure_streams`` made for ``subjects``."""
+    settings = StreamSettings()
+    for stream in stream_configs(subjects, settings):
+        await js.delete_stream(stream.name or "")
+    for bucket in bucket_configs(subjects, settings):
+        await js.delete_key_value(bucket.bucket)
+
+
+@pytest.fixture
+async def subjects(nc: Client) -> AsyncIterator[Subjects]:
+    """The design's streams and buckets under a prefix of this test's own (tests share the
+    session server), deleted afterwards."""
+    private = Subjects(f"t{uuid4().hex[:8]}")
+    js = nc.jetstream(timeout=5)
+    await ensure_streams(js, private)
+    try:
+        yield private
+    finally:
+        await drop_streams(js, private)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from uuid import uuid4
 
 import msgspec
 from nats.aio.client import Client
@@ -16,26 +15,15 @@ from controller.api_sse import NatsEventSource
 from controller.ingest_metrics import IngestMetrics
 from controller.region import RegionController
 from controller.state import NodeStore
-from controller.streams import ensure_streams
 from proto.base import NodeIdentity
 from proto.subjects import Subjects
 from proto.telemetry import TelemetryBatch
+from tests.clock import T0, ManualClock
 from tests.unit.scoring_helpers import dimm_mc
 
-T0 = 1_800_000_000.0
 INTERVAL = 5.0
 READ_TOKEN = "read-token-1"
 ADMIN_TOKEN = "admin-token-1"
-
-
-@dataclass
-class Clock:
-    """The controller's injected time."""
-
-    now: float = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -43,7 +31,7 @@ class ApiEnv:
     js: JetStreamContext
     subjects: Subjects
     controller: RegionController
-    clock: Clock
+    clock: ManualClock
     source: NatsEventSource
     metrics: IngestMetrics
 
@@ -77,12 +65,10 @@ FATAL = batch("c1", "n3", 2, ue=1)
 
 
 @asynccontextmanager
-async def api_env(nc: Client) -> AsyncIterator[ApiEnv]:
-    """Streams and buckets under a fresh prefix, a controller for r1; removed afterwards."""
-    subjects = Subjects(prefix=f"t{uuid4().hex[:8]}")
+async def api_env(nc: Client, subjects: Subjects) -> AsyncIterator[ApiEnv]:
+    """A controller for r1 over a private prefix's streams (the ``subjects`` fixture)."""
     js = nc.jetstream(timeout=5)
-    await ensure_streams(js, subjects)
-    clock = Clock()
+    clock = ManualClock()
     store = await NodeStore.open(js, subjects)
     controller = RegionController(js, store, subjects, "r1", clock=clock)
     await controller.start()
@@ -92,12 +78,3 @@ async def api_env(nc: Client) -> AsyncIterator[ApiEnv]:
         )
     finally:
         await controller.stop()
-        for stream in (
-            subjects.stream_telemetry,
-            subjects.stream_events,
-            subjects.stream_control,
-            subjects.stream_dead_letter,
-        ):
-            await js.delete_stream(stream)
-        for bucket in ("nodes", "jobs", "qos", "leases"):
-            await js.delete_key_value(subjects.bucket(bucket))

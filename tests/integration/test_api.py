@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
 from controller.api import HUB, make_app
+from proto.subjects import Subjects
 from tests.integration.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
 from tests.waiting import wait_until
 
@@ -22,8 +23,8 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @pytest.fixture
-async def env(nc: Client) -> AsyncIterator[ApiEnv]:
-    async with api_env(nc) as e:
+async def env(nc: Client, subjects: Subjects) -> AsyncIterator[ApiEnv]:
+    async with api_env(nc, subjects) as e:
         await e.feed(*FLEET)
         yield e
 

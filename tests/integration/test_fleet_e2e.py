@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from uuid import uuid4
 
 import pytest
 from nats.aio.client import Client
@@ -23,7 +21,6 @@ from agent.sim.fleet import SimFleet
 from controller.ingest import Ingest, IngestSettings
 from controller.region import RegionController
 from controller.state import NodeStore
-from controller.streams import ensure_streams
 from proto.codec import decode
 from proto.events import ControllerEvent
 from proto.subjects import Subjects
@@ -71,23 +68,6 @@ async def start_controller(js: JetStreamContext, subjects: Subjects) -> Controll
     ingest = Ingest(js, subjects, IngestSettings(region=REGION), region)
     await ingest.start()
     return Controller(region, ingest)
-
-
-@pytest.fixture
-async def subjects(nc: Client) -> AsyncIterator[Subjects]:
-    subjects = Subjects(prefix=f"t{uuid4().hex[:8]}")
-    js = nc.jetstream()
-    await ensure_streams(js, subjects)
-    yield subjects
-    for stream in (
-        subjects.stream_telemetry,
-        subjects.stream_events,
-        subjects.stream_control,
-        subjects.stream_dead_letter,
-    ):
-        await js.delete_stream(stream)
-    for bucket in ("nodes", "jobs", "qos", "leases"):
-        await js.delete_key_value(subjects.bucket(bucket))
 
 
 async def stored_events(js: JetStreamContext, subjects: Subjects) -> list[ControllerEvent]:

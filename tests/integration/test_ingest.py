@@ -29,7 +29,6 @@ from controller.ingest import (
     durable_name,
     shard_of,
 )
-from controller.streams import StreamSettings, bucket_configs, ensure_streams
 from proto.base import NodeIdentity
 from proto.codec import encode
 from proto.events import NodeEvent
@@ -122,26 +121,14 @@ class Env:
 
 
 @pytest.fixture
-async def env(nc: Client) -> AsyncIterator[Env]:
-    subjects = Subjects(f"t{uuid.uuid4().hex[:8]}")
-    js = nc.jetstream(timeout=5)
-    await ensure_streams(js, subjects)
-    e = Env(nc, js, subjects)
+async def env(nc: Client, subjects: Subjects) -> AsyncIterator[Env]:
+    e = Env(nc, nc.jetstream(timeout=5), subjects)
     try:
         yield e
     finally:
         for ing in e.ingests:
             await ing.stop()
         leftover = [t for t in asyncio.all_tasks() if t.get_name().startswith("ingest")]
-        for name in (
-            subjects.stream_telemetry,
-            subjects.stream_events,
-            subjects.stream_control,
-            subjects.stream_dead_letter,
-        ):
-            await js.delete_stream(name)
-        for kv in bucket_configs(subjects, StreamSettings()):
-            await js.delete_key_value(kv.bucket)
         assert not leftover, f"ingest tasks left running: {leftover}"
 
 

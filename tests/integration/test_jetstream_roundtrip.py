@@ -10,7 +10,6 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from proto.telemetry import (
     TelemetryBatch,
     Temperature,
 )
+from tests.conftest import drop_streams
 
 FETCH_TIMEOUT_S = 5.0
 """Deadline for a message that is already in the stream to be delivered."""
@@ -119,18 +119,9 @@ class JetStreamEnv:
 
 
 @pytest.fixture
-async def env(nc: Client) -> AsyncIterator[JetStreamEnv]:
-    """ensure_streams under a prefix of this test's own; its streams removed afterwards."""
-    subjects = Subjects(f"it{uuid.uuid4().hex[:10]}")
-    js = nc.jetstream(timeout=5)
-    await ensure_streams(js, subjects)
-    try:
-        yield JetStreamEnv(js, subjects)
-    finally:
-        for name in stream_names(subjects):
-            await js.delete_stream(name)
-        for kv in bucket_configs(subjects, StreamSettings()):
-            await js.delete_key_value(kv.bucket)
+async def env(nc: Client, subjects: Subjects) -> JetStreamEnv:
+    """ensure_streams under a prefix of this test's own (the ``subjects`` fixture)."""
+    return JetStreamEnv(nc.jetstream(timeout=5), subjects)
 
 
 def stream_names(s: Subjects) -> list[str]:
@@ -191,12 +182,11 @@ async def test_streams_are_removed_by_the_fixture(nc: Client) -> None:
     js = nc.jetstream(timeout=5)
     s = Subjects(f"it{uuid.uuid4().hex[:10]}")
     await ensure_streams(js, s)
+    await drop_streams(js, s)
     for name in stream_names(s):
-        await js.delete_stream(name)
         with pytest.raises(NotFoundError):
             await js.stream_info(name)
     for kv in bucket_configs(s, StreamSettings()):
-        await js.delete_key_value(kv.bucket)
         with pytest.raises(BucketNotFoundError):
             await js.key_value(kv.bucket)
 

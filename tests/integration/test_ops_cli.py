@@ -19,6 +19,7 @@ from aiohttp.test_utils import TestServer
 from nats.aio.client import Client
 
 from controller.api import HUB, make_app
+from proto.subjects import Subjects
 from tests.integration.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
 from tests.waiting import wait_until
 
@@ -44,8 +45,8 @@ class Result:
 
 
 @pytest.fixture
-async def api(nc: Client) -> AsyncIterator[Api]:
-    async with api_env(nc) as env:
+async def api(nc: Client, subjects: Subjects) -> AsyncIterator[Api]:
+    async with api_env(nc, subjects) as env:
         await env.feed(*FLEET, FATAL)
         app = make_app(
             env.controller,
@@ -217,13 +218,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_controller_run_serves_the_api(nc: Client, nats_url: str, tmp_path: Path) -> None:
+async def test_controller_run_serves_the_api(
+    nc: Client, nats_url: str, tmp_path: Path, subjects: Subjects
+) -> None:
     """``[http]`` in controller.toml: the API is served with the tokens files, and an open
     event stream does not hold up a SIGTERM stop."""
     (tmp_path / "read.tokens").write_text(f"# read-only\n\n{READ_TOKEN}\n")
     (tmp_path / "admin.tokens").write_text(f"{ADMIN_TOKEN}\n")
     port = free_port()
-    async with api_env(nc) as env:
+    async with api_env(nc, subjects) as env:
         config = tmp_path / "controller.toml"
         config.write_text(
             f'region = "r1"\n[nats]\nservers = ["{nats_url}"]\nprefix = "{env.subjects.prefix}"\n'

@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
-from uuid import uuid4
 
 import pytest
 from nats.aio.client import Client
@@ -19,30 +17,19 @@ from nats.js import JetStreamContext
 
 from controller.region import RegionController
 from controller.state import NodeStore, StoreConflictError, outbox_key
-from controller.streams import ensure_streams
 from proto.base import NodeIdentity
 from proto.codec import decode, encode
 from proto.events import ControllerEvent, NodeEvent
 from proto.nodes import NodeRecord
 from proto.subjects import Subjects
 from proto.telemetry import TelemetryBatch
+from tests.clock import T0, ManualClock
 from tests.unit.scoring_helpers import DIMM_LABEL, dimm_mc
 from tests.waiting import wait_for_value
 
-T0 = 1_800_000_000.0
 INTERVAL = 5.0
 METALGUARD = Path(sys.executable).parent / "metalguard"
 DEADLINE_S = 30.0
-
-
-@dataclass
-class Clock:
-    """The controller's injected time."""
-
-    now: float = T0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -52,23 +39,9 @@ class Env:
 
 
 @pytest.fixture
-async def env(nc: Client) -> AsyncIterator[Env]:
-    """A private prefix with its streams and buckets, deleted afterwards."""
-    subjects = Subjects(prefix=f"t{uuid4().hex[:8]}")
-    js = nc.jetstream(timeout=5)
-    await ensure_streams(js, subjects)
-    try:
-        yield Env(js, subjects)
-    finally:
-        for stream in (
-            subjects.stream_telemetry,
-            subjects.stream_events,
-            subjects.stream_control,
-            subjects.stream_dead_letter,
-        ):
-            await js.delete_stream(stream)
-        for bucket in ("nodes", "jobs", "qos", "leases"):
-            await js.delete_key_value(subjects.bucket(bucket))
+async def env(nc: Client, subjects: Subjects) -> Env:
+    """A private prefix with its streams and buckets (the ``subjects`` fixture)."""
+    return Env(nc.jetstream(timeout=5), subjects)
 
 
 def node(name: str) -> NodeIdentity:
@@ -87,7 +60,7 @@ def batch(name: str, seq: int, ue: int = 0) -> TelemetryBatch:
 
 
 async def new_controller(
-    env: Env, clock: Clock, js: JetStreamContext | None = None
+    env: Env, clock: ManualClock, js: JetStreamContext | None = None
 ) -> RegionController:
     """A controller as a (re)started process builds it: state loaded from KV."""
     store = await NodeStore.open(env.js, env.subjects)
@@ -110,7 +83,9 @@ async def control_events(env: Env) -> list[ControllerEvent]:
     return out
 
 
-async def feed(controller: RegionController, clock: Clock, batches: list[TelemetryBatch]) -> None:
+async def feed(
+    controller: RegionController, clock: ManualClock, batches: list[TelemetryBatch]
+) -> None:
     for b in batches:
         clock.now = b.ts + 0.1
         await controller.on_batch(b, clock.now)
@@ -127,7 +102,7 @@ SCENARIO = [
 
 
 async def test_ue_growth_isolates_and_a_restart_neither_loses_nor_repeats(env: Env) -> None:
-    clock = Clock()
+    clock = ManualClock()
     first = await new_controller(env, clock)
     await feed(first, clock, SCENARIO)
 
@@ -162,7 +137,7 @@ async def test_ue_growth_isolates_and_a_restart_neither_loses_nor_repeats(env: E
 
 
 async def test_a_silent_node_is_unreachable_not_failing(env: Env) -> None:
-    clock = Clock()
+    clock = ManualClock()
     controller = await new_controller(env, clock)
     await feed(controller, clock, [batch("n1", 1), batch("n2", 1), batch("n1", 2), batch("n2", 2)])
     clock.now = T0 + 2 * INTERVAL + 3 * INTERVAL - 1
@@ -187,7 +162,7 @@ async def test_a_silent_node_is_unreachable_not_failing(env: Env) -> None:
 
 
 async def test_the_silence_task_runs_on_its_own(env: Env) -> None:
-    clock = Clock()
+    clock = ManualClock()
     controller = await new_controller(env, clock)
     await feed(controller, clock, [batch("n1", 1)])
     clock.now += 10 * INTERVAL
@@ -218,7 +193,7 @@ class FailingOnce:
 async def test_a_decision_persisted_but_not_published_is_published_once_on_restart(
     env: Env,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     flaky = FailingOnce(env.js)
     crashed = await new_controller(env, clock, cast(JetStreamContext, flaky))
     await feed(crashed, clock, [batch("n1", 1), batch("n2", 1), batch("n1", 2, ue=3)])
@@ -247,7 +222,7 @@ async def test_a_decision_persisted_but_not_published_is_published_once_on_resta
 
 
 async def test_a_fatal_node_event_acts_before_the_next_batch(env: Env) -> None:
-    clock = Clock()
+    clock = ManualClock()
     controller = await new_controller(env, clock)
     await feed(controller, clock, [batch("n1", 1), batch("n2", 1)])
     event = NodeEvent(
@@ -268,7 +243,7 @@ async def test_a_fatal_node_event_acts_before_the_next_batch(env: Env) -> None:
 
 
 async def test_operator_action_is_persisted_and_announced(env: Env) -> None:
-    clock = Clock()
+    clock = ManualClock()
     controller = await new_controller(env, clock)
     await feed(controller, clock, [batch("n1", 1)])
     announced = await controller.operator_action("r1.c1.n1", "cordon", "swap PSU", "ana")
@@ -361,7 +336,7 @@ async def test_store_compare_and_set(env: Env) -> None:
 
 
 async def test_a_second_writer_decides_again_from_the_stored_state(env: Env) -> None:
-    clock = Clock()
+    clock = ManualClock()
     one = await new_controller(env, clock)
     two = await new_controller(env, clock)
     await feed(one, clock, [batch("n1", 1), batch("n2", 1), batch("n1", 2, ue=1)])

@@ -4,34 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from uuid import uuid4
 
-import pytest
 from nats.aio.client import Client
 
 from agent.sim.fleet import SimFleet
 from agent.sim.scenario import parse_scenario
-from controller.streams import ensure_streams
 from proto.subjects import Subjects
 from tests.waiting import wait_for_value, wait_until
-
-
-@pytest.fixture
-async def subjects(nc: Client) -> AsyncIterator[Subjects]:
-    """The design's streams under a prefix of this test's own."""
-    subjects = Subjects(prefix=f"t{uuid4().hex[:8]}")
-    js = nc.jetstream()
-    await ensure_streams(js, subjects)
-    yield subjects
-    for name in (
-        subjects.stream_telemetry,
-        subjects.stream_events,
-        subjects.stream_control,
-        subjects.stream_dead_letter,
-    ):
-        await js.delete_stream(name)
 
 
 async def batches_per_node(nc: Client, subjects: Subjects) -> dict[str, int]:

@@ -17,14 +17,7 @@ from controller.ingest_settings import (
     shard_of,
 )
 from proto.subjects import Subjects
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import ManualClock
 
 
 def test_filters_cover_the_region_or_the_owned_clusters() -> None:
@@ -69,7 +62,7 @@ def test_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
 
 
 def test_rate_limiter_allows_once_per_interval_per_key_and_counts_the_rest() -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     rl = RateLimiter(60.0, clock)
     assert rl.allow("a") == 0
     assert rl.allow("a") is None
@@ -81,7 +74,7 @@ def test_rate_limiter_allows_once_per_interval_per_key_and_counts_the_rest() -> 
 
 
 def test_rate_limiter_forgets_stale_keys_when_full() -> None:
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     rl = RateLimiter(60.0, clock, max_keys=3)
     for k in "abc":
         rl.allow(k)
