@@ -38,3 +38,22 @@ async def wait_for_value(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}: {value!r}")
         await asyncio.sleep(POLL_S)
+
+
+async def wait_for_line(
+    stream: asyncio.StreamReader, needle: str, timeout_s: float, seen: list[str]
+) -> None:
+    """Read a child's output line by line until one contains ``needle``; every line read
+    is kept in ``seen``.  AssertionError if the output ends or the deadline passes first."""
+
+    async def scan() -> None:
+        while line := (await stream.readline()).decode():
+            seen.append(line)
+            if needle in line:
+                return
+        raise AssertionError(f"output ended before {needle!r}: {''.join(seen)}")
+
+    try:
+        await asyncio.wait_for(scan(), timeout_s)
+    except TimeoutError:
+        raise AssertionError(f"no {needle!r} within {timeout_s}s: {''.join(seen)}") from None

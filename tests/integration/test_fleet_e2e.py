@@ -23,6 +23,7 @@ from controller.region import RegionController
 from controller.state import NodeStore
 from proto.codec import decode
 from proto.events import ControllerEvent
+from proto.nodes import NodeRecord
 from proto.subjects import Subjects
 from tests.waiting import wait_until
 
@@ -80,6 +81,10 @@ async def stored_events(js: JetStreamContext, subjects: Subjects) -> list[Contro
         assert msg.data is not None
         out.append(decode(msg.data, ControllerEvent))
     return out
+
+
+def record_of(ctl: Controller, node: str) -> NodeRecord:
+    return ctl.region.store.records[f"{REGION}.{CLUSTER}.{node}"]
 
 
 def grade(ctl: Controller, node: str) -> str | None:
@@ -175,8 +180,14 @@ async def test_fleet_faults_become_explained_decisions(
         isolated = [n for n in names if grade(ctl, n) == "FAILING"]
         assert len(isolated) <= 5, f"the rail let {len(isolated)} isolations through: {isolated}"
         assert len(watch.of("rail.tripped")) == 1
-        for _ in range(3):  # more cycles of the same faults raise no second alert
-            await asyncio.sleep(INTERVAL_S)  # let agents publish further batches
+        # More cycles of the same faults raise no second alert: wait until the controller
+        # has taken in two further batches from every node of the wave.
+        seqs = {n: record_of(ctl, n).last_seq for n in wave}
+        await wait_until(
+            lambda: all(record_of(ctl, n).last_seq >= seqs[n] + 2 for n in wave),
+            15,
+            "two more batches from every node of the wave",
+        )
         assert len(watch.of("rail.tripped")) == 1
     finally:
         ticking.cancel()

@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from controller.api import HUB, make_app
 from proto.subjects import Subjects
 from tests.integration.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
-from tests.waiting import wait_until
+from tests.waiting import wait_for_line, wait_until
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 DEADLINE_S = 20.0
@@ -247,16 +247,7 @@ async def test_controller_run_serves_the_api(
         seen: list[str] = []
         url = f"http://127.0.0.1:{port}"
         try:
-
-            async def until_running() -> None:
-                assert proc.stderr is not None
-                while line := (await proc.stderr.readline()).decode():
-                    seen.append(line)
-                    if "running" in line:
-                        return
-                raise AssertionError(f"controller exited before running: {''.join(seen)}")
-
-            await asyncio.wait_for(until_running(), DEADLINE_S)
+            await wait_for_line(proc.stderr, "running", DEADLINE_S, seen)
             r = await cli(url, "nodes", "--format", "json")
             assert (r.code, json.loads(r.out)) == (0, []), r.err
             r = await cli(url, "nodes", token="")

@@ -12,7 +12,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
@@ -31,6 +31,7 @@ from proto.codec import decode, encode
 from proto.events import NodeEvent
 from proto.subjects import DEFAULT_SUBJECTS
 from proto.telemetry import TelemetryBatch
+from tests.waiting import wait_until
 
 OUTAGE_S = 30.0
 """How long the server is down in the acceptance test (the issue's criterion)."""
@@ -70,15 +71,6 @@ def publisher(
 ) -> Publisher:
     spool = Spool(spool_dir, max_bytes=1 << 20, max_entries=max_entries)
     return Publisher(settings(url, **kw), spool=spool, rng=random.Random(1))
-
-
-async def eventually(pred: Callable[[], bool], within: float, what: str) -> None:
-    """Wait until ``pred()`` holds, or fail naming ``what``."""
-    deadline = time.monotonic() + within
-    while not pred():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def connect(url: str) -> Client:
@@ -203,9 +195,9 @@ async def test_server_outage_loses_nothing_and_duplicates_nothing(
 
     producer = asyncio.create_task(produce(), name="producer")
     try:
-        await eventually(lambda: pub.stats().published >= 5, 10, "5 batches published")
+        await wait_until(lambda: pub.stats().published >= 5, 10, "5 batches published")
         await asyncio.to_thread(fresh_server.stop)
-        await eventually(lambda: not pub.stats().connected, 10, "the publisher to notice")
+        await wait_until(lambda: not pub.stats().connected, 10, "the publisher to notice")
         at_outage = produced
         await asyncio.sleep(OUTAGE_S)  # the scenario: the server stays down
         during = pub.stats()
@@ -213,9 +205,9 @@ async def test_server_outage_loses_nothing_and_duplicates_nothing(
         assert during.spool_entries >= produced - at_outage - 2
         await asyncio.to_thread(fresh_server.start)
         await asyncio.wait_for(pub.connection.wait_connected(), 15)
-        await eventually(lambda: pub.stats().spool_entries == 0, 30, "spool replayed")
+        await wait_until(lambda: pub.stats().spool_entries == 0, 30, "spool replayed")
         after = produced
-        await eventually(lambda: produced >= after + 5, 10, "5 more batches produced")
+        await wait_until(lambda: produced >= after + 5, 10, "5 more batches produced")
     finally:
         stop.set()
         await producer
@@ -276,7 +268,8 @@ async def test_close_with_zero_flush_time_spools_everything_unacked(
     assert await first.start() is True
     for seq in range(200):
         await first.publish_batch(batch(node, seq))
-    await asyncio.sleep(0.05)  # let some of them go out: the close lands mid-stream
+    # the close lands mid-stream: once the first batch is acknowledged
+    await wait_until(lambda: first.stats().published > 0, 10, "a first batch acknowledged")
     await first.close(flush_timeout=0)
     unacked = first.stats().spool_entries
     acked = len(await stored_seqs(nats_url, node))
@@ -304,7 +297,7 @@ async def test_full_spool_drops_oldest_and_reports_the_count(
     assert await first.start() is False
     for seq in range(12):
         await first.publish_batch(batch(node, seq))
-    await eventually(lambda: first.stats().spooled == 12, 10, "12 batches spooled")
+    await wait_until(lambda: first.stats().spooled == 12, 10, "12 batches spooled")
     assert first.stats().dropped == 7
     assert first.stats().spool_entries == 5
     if report_before_restart:
@@ -333,7 +326,7 @@ async def test_first_connect_fails_then_background_retry_connects(
     pub = publisher(url, tmp_path / "spool")
     assert await pub.start() is False
     await pub.publish_batch(batch(node, 0))
-    await eventually(lambda: pub.stats().spool_entries == 1, 5, "batch spooled")
+    await wait_until(lambda: pub.stats().spool_entries == 1, 5, "batch spooled")
     await asyncio.to_thread(fresh_server.start)
     await asyncio.wait_for(pub.connection.wait_connected(), 15)
     await pub.publish_batch(batch(node, 1))
@@ -352,7 +345,7 @@ async def test_missing_stream_spools_until_it_exists(
     assert await pub.start() is True
     for seq in range(3):
         await pub.publish_batch(batch(node, seq))
-    await eventually(lambda: pub.stats().spool_entries == 3, 10, "3 batches spooled (no stream)")
+    await wait_until(lambda: pub.stats().spool_entries == 3, 10, "3 batches spooled (no stream)")
     await setup_streams(url)
     await asyncio.wait_for(pub.wait_idle(), 15)
     await pub.close()

@@ -25,7 +25,7 @@ from proto.subjects import Subjects
 from proto.telemetry import TelemetryBatch
 from tests.clock import T0, ManualClock
 from tests.unit.scoring_helpers import DIMM_LABEL, dimm_mc
-from tests.waiting import wait_for_value
+from tests.waiting import wait_for_line, wait_for_value
 
 INTERVAL = 5.0
 METALGUARD = Path(sys.executable).parent / "metalguard"
@@ -277,16 +277,7 @@ async def test_controller_run_starts_consumes_and_stops_on_sigterm(
     assert proc.stderr is not None
     seen: list[str] = []
     try:
-
-        async def until_running() -> None:
-            assert proc.stderr is not None
-            while line := (await proc.stderr.readline()).decode():
-                seen.append(line)
-                if "running" in line:
-                    return
-            raise AssertionError(f"controller exited before running: {''.join(seen)}")
-
-        await asyncio.wait_for(until_running(), DEADLINE_S)
+        await wait_for_line(proc.stderr, "running", DEADLINE_S, seen)
         b = batch("n1", 1, ue=2)
         await env.js.publish(env.subjects.telemetry("r1", "c1", "n1"), encode(b))
         events = await wait_for_value(

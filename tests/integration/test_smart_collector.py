@@ -17,6 +17,7 @@ from agent.collectors.smart import ProcessResult, SmartCollector, SmartctlError
 from agent.collectors.smart_parse import ScanEntry
 from proto.telemetry import SmartDevice
 from tests.conftest import FIXTURES
+from tests.waiting import wait_until
 
 SMARTCTL = FIXTURES / "smartctl"
 SEAGATE_ATA = SMARTCTL / "smartctl_exporter__ST3500418AS_12.json"
@@ -55,10 +56,7 @@ def _alive(pid: int) -> bool:
 
 
 async def wait_until_dead(pid: int) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while _alive(pid):
-        assert time.monotonic() < deadline, f"pid {pid} still alive"
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: not _alive(pid), DEADLINE_S, f"pid {pid} to exit")
 
 
 # ---------------------------------------------------------------- registration
@@ -303,10 +301,7 @@ exec sleep 60""",
     settings = CollectorSettings(smartctl=smartctl, smart_timeout_s=60, sysfs=tmp_path)
     task = asyncio.create_task(SmartCollector(settings).collect())
     pid_file = tmp_path / "shell.pid"
-    deadline = time.monotonic() + DEADLINE_S
-    while not pid_file.exists():
-        assert time.monotonic() < deadline, "fake smartctl never started"
-        await asyncio.sleep(0.02)
+    await wait_until(pid_file.exists, DEADLINE_S, "the fake smartctl to start")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
