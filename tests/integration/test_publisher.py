@@ -268,8 +268,9 @@ async def test_close_with_zero_flush_time_spools_everything_unacked(
     assert await first.start() is True
     for seq in range(200):
         await first.publish_batch(batch(node, seq))
-    # the close lands mid-stream: once the first batch is acknowledged
-    await wait_until(lambda: first.stats().published > 0, 10, "a first batch acknowledged")
+    # Closed at once with no time to flush: whatever the sender had not had acknowledged
+    # (on a fast machine possibly all of it) must be in the spool.  The case of a publish
+    # interrupted in flight is tests/unit/test_publisher_paths.py's.
     await first.close(flush_timeout=0)
     unacked = first.stats().spool_entries
     acked = len(await stored_seqs(nats_url, node))
