@@ -1,0 +1,1 @@
+"""Out-of-band BMC sources (SNMP, Redfish, IPMI), the bmc-proxy poller and remediation."""
