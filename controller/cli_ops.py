@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 from urllib.parse import quote, urlencode
@@ -20,6 +20,8 @@ from urllib.parse import quote, urlencode
 DEFAULT_API = "http://127.0.0.1:8480"
 TIMEOUT_S = 10.0
 FOLLOW_TIMEOUT_S = 120.0
+HISTORY_LIMIT = 1000
+"""Events printed without --follow when --count is not given."""
 """A silent SSE stream (the server sends keep-alives every 15 s) is given up after this."""
 MAX_CELL = 60
 
@@ -69,8 +71,18 @@ def add_ops_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.add_argument("--who", default=os.environ.get("USER", "cli"), help="operator name")
         p.set_defaults(func=_guarded(_act), action=action)
 
-    events = sub.add_parser("events", parents=[common], help="stream controller decisions")
-    events.add_argument("--follow", "-f", action="store_true", help="stream new events")
+    events = sub.add_parser(
+        "events", parents=[common], help="controller decisions: the recent past, or followed"
+    )
+    events.add_argument(
+        "--follow", "-f", action="store_true", help="stream events as they happen (after --since)"
+    )
+    events.add_argument(
+        "--since",
+        default="",
+        help="from when: all, a duration (90s, 10m, 2h, 1d), an RFC 3339 time or Unix "
+        "seconds (default: 1h, or new events only with --follow)",
+    )
     events.add_argument("--kind", default="", help="exact kind, or a prefix ending in '.'")
     events.add_argument("--node", default="", help="handle or node name")
     events.add_argument("--count", type=int, default=0, help="stop after N events")
@@ -148,10 +160,16 @@ def _act(args: argparse.Namespace) -> int:
 
 
 def _events(args: argparse.Namespace) -> int:
-    if not args.follow:
-        raise CliError("past events are not served yet; use --follow for new ones", 2)
     query = {k: v for k, v in (("kind", args.kind), ("node", args.node)) if v}
-    for seen, (kind, data) in enumerate(_sse(args, "/v1/events", query), start=1):
+    if args.since:
+        query["since"] = args.since
+    if args.follow:
+        stream: Iterable[tuple[str, str]] = _sse(args, "/v1/events", query)
+    else:
+        limit = str(args.count or HISTORY_LIMIT)
+        body = _call(args, "GET", "/v1/events/history", query | {"limit": limit})
+        stream = ((e["kind"], json.dumps(e)) for e in body["events"])
+    for seen, (kind, data) in enumerate(stream, start=1):
         if args.format == "json":
             print(data, flush=True)
         else:

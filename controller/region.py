@@ -34,6 +34,7 @@ from controller.decide import (
     decide_silence,
     event_input,
 )
+from controller.decision_metrics import DecisionMetrics
 from controller.lifecycle import LifecycleConfig, OperatorAction
 from controller.scoring import NodeSignals, assess
 from controller.scoring_config import DEFAULT_SCORING, ScoringConfig
@@ -70,6 +71,7 @@ class RegionController:
         *,
         clock: Callable[[], float] = time.time,
         publish_timeout_s: float = 5.0,
+        metrics: DecisionMetrics | None = None,
     ) -> None:
         self._js = js
         self.store = store
@@ -79,6 +81,7 @@ class RegionController:
         self._scoring = scoring
         self._clock = clock
         self._publish_timeout_s = publish_timeout_s
+        self.metrics = metrics or DecisionMetrics()
         self._signals: dict[str, NodeSignals] = {}
         self._locks: dict[ClusterKey, asyncio.Lock] = {}
         self._flush_lock = asyncio.Lock()
@@ -102,7 +105,7 @@ class RegionController:
         def round_() -> Outcome:
             return self._decide(item, received_ts)
 
-        await self._round(batch.node, round_)
+        await self._round(batch.node, round_, received_ts)
 
     async def on_node_event(self, event: NodeEvent, received_ts: float) -> None:
         """Act on a fatal NodeEvent at once, as a fatal assessment (other kinds: ignored)."""
@@ -113,7 +116,7 @@ class RegionController:
             item = event_input(event, self.store.records.get(handle_of(event.node)), received_ts)
             return Outcome() if item is None else self._decide(item, received_ts)
 
-        await self._round(event.node, round_)
+        await self._round(event.node, round_, received_ts)
 
     def recent_signals(self, handle: str) -> NodeSignals | None:
         """A node's scoring history: counter samples behind its rates (for the API)."""
@@ -125,6 +128,7 @@ class RegionController:
         self, handle: str, action: OperatorAction, reason: str, who: str
     ) -> tuple[ControllerEvent, ...]:
         """An operator's cordon, uncordon or maintenance; the events it announced."""
+        received = self._clock()
         record = self.store.records.get(handle)
         if record is None:
             raise KeyError(f"unknown node {handle!r}")
@@ -133,12 +137,13 @@ class RegionController:
             current = self.store.records[handle]
             return decide_operator(current, action, reason, who, self._clock(), self._cfg)
 
-        return await self._round(record.node, round_)
+        return await self._round(record.node, round_, received)
 
     async def check_silence(self) -> tuple[ControllerEvent, ...]:
         """One pass: every silent in-service node becomes UNREACHABLE."""
         announced: list[ControllerEvent] = []
-        silent = decide_silence(self.store.records, self._clock(), self._cfg)
+        received = self._clock()
+        silent = decide_silence(self.store.records, received, self._cfg)
         for handle in silent.records:
             node = self.store.records[handle].node
 
@@ -146,7 +151,7 @@ class RegionController:
                 record = self.store.records.get(h)
                 return decide_silence({h: record} if record else {}, self._clock(), self._cfg)
 
-            announced += await self._round(node, round_)
+            announced += await self._round(node, round_, received)
         return tuple(announced)
 
     # --- lifetime -------------------------------------------------------------------------
@@ -191,9 +196,10 @@ class RegionController:
         return decide(self.store.records, self.store.rails, [item], now, self._cfg, sizes)
 
     async def _round(
-        self, node: NodeIdentity, round_: Callable[[], Outcome]
+        self, node: NodeIdentity, round_: Callable[[], Outcome], received_ts: float
     ) -> tuple[ControllerEvent, ...]:
-        """Decide, persist, publish, under the cluster's lock; the events announced."""
+        """Decide, persist, publish, under the cluster's lock; the events announced
+        (each one's latency from ``received_ts`` observed once the stream has it)."""
         lock = self._locks.setdefault((node.region, node.cluster), asyncio.Lock())
         async with lock:
             for attempt in range(CONFLICT_RETRIES + 1):
@@ -208,7 +214,8 @@ class RegionController:
                     log.warning("%s; deciding again", exc)
                     continue
                 for event in outcome.events:
-                    await self._publish(event)
+                    if await self._publish(event):
+                        self.metrics.observe(event.kind, self._clock() - received_ts)
                 return outcome.events
         raise AssertionError("unreachable")
 
@@ -219,10 +226,11 @@ class RegionController:
         for state in outcome.rails.values():
             await self.store.put_rail(state)
 
-    async def _publish(self, event: ControllerEvent) -> None:
-        """Publish one event with its id as message id; drop it from the outbox once acked."""
+    async def _publish(self, event: ControllerEvent) -> bool:
+        """Publish one event with its id as message id; drop it from the outbox once acked.
+        Whether it was published now."""
         if event.event_id not in self.store.outbox:
-            return
+            return False
         subject = self._subjects.control(event.region, event.kind)
         try:
             await self._js.publish(
@@ -233,9 +241,10 @@ class RegionController:
             )
         except (NatsError, TimeoutError) as exc:
             log.warning("publish of %s failed, kept in the outbox: %s", event.event_id, exc)
-            return
+            return False
         log.info("%s %s", event.kind, event.event_id)
         await self.store.remove_pending(event.event_id)
+        return True
 
     async def _silence_loop(self, interval_s: float) -> None:
         while not self._stop.is_set():

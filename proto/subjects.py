@@ -145,6 +145,10 @@ class Subjects:
         tokens += [_check_filter_token(p, "kind") for p in parts]
         return self._join("ctl", tokens)
 
+    def control_all(self, region: str) -> str:
+        """``<p>.ctl.<region>.>``: every ControllerEvent of one region."""
+        return self._join("ctl", [_check_filter_token(region, "region"), ">"])
+
     def command(self, region: str, cluster: str, node: str, verb: str) -> str:
         """Subject of a Command to one node."""
         tokens = [*_node_tokens(region, cluster, node), _check_filter_token(verb, "verb")]

@@ -74,7 +74,12 @@ async def api_env(nc: Client, subjects: Subjects) -> AsyncIterator[ApiEnv]:
     await controller.start()
     try:
         yield ApiEnv(
-            js, subjects, controller, clock, NatsEventSource(nc, subjects, "r1"), IngestMetrics()
+            js,
+            subjects,
+            controller,
+            clock,
+            NatsEventSource(nc, subjects, "r1"),
+            IngestMetrics(controller.metrics.registry),
         )
     finally:
         await controller.stop()

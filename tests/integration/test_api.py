@@ -194,16 +194,24 @@ async def test_without_tokens_reads_are_open_and_writes_refused(env: ApiEnv) -> 
 
 async def next_event(response: ClientResponse) -> tuple[str, dict[str, Any]]:
     """The next SSE message's event type and JSON data (comments skipped)."""
-    kind, data = "", ""
+    _, kind, data = await next_message(response)
+    return kind, data
+
+
+async def next_message(response: ClientResponse) -> tuple[str, str, dict[str, Any]]:
+    """The next SSE message's id, event type and JSON data (comments skipped)."""
+    ident, kind, data = "", "", ""
     async with asyncio.timeout(DEADLINE_S):
         while True:
             line = (await response.content.readline()).decode().rstrip("\n")
-            if line.startswith("event: "):
+            if line.startswith("id: "):
+                ident = line.removeprefix("id: ")
+            elif line.startswith("event: "):
                 kind = line.removeprefix("event: ")
             elif line.startswith("data: "):
                 data = line.removeprefix("data: ")
             elif not line and data:
-                return kind, json.loads(data)
+                return ident, kind, json.loads(data)
 
 
 async def subscribed(response: ClientResponse) -> None:
@@ -253,15 +261,63 @@ async def test_a_closed_stream_is_cleaned_up(client: TestClient[Any, Any]) -> No
     await wait_until(lambda: hub.open_streams == 0, DEADLINE_S, "the stream to be dropped")
 
 
-async def test_bad_event_filter_is_400(client: TestClient[Any, Any]) -> None:
-    await error_of(await client.get("/v1/events?since=3", headers=READ), 400)
+async def test_bad_event_query_is_400(client: TestClient[Any, Any]) -> None:
+    error = await error_of(await client.get("/v1/events?until=3", headers=READ), 400)
+    assert "until" in error["message"]
+    error = await error_of(await client.get("/v1/events?since=yesterday", headers=READ), 400)
+    assert "'yesterday'" in error["message"] and "duration" in error["message"]
+    error = await error_of(await client.get("/v1/events?since=2026-11-29T10:00", headers=READ), 400)
+    assert "time zone" in error["message"]
+    bad_id = {**READ, "Last-Event-ID": "r1.c1.n3:node.isolated:b2"}
+    error = await error_of(await client.get("/v1/events", headers=bad_id), 400)
+    assert "stream sequence" in error["message"]
+
+
+async def test_late_subscriber_replays_the_past_then_follows(
+    client: TestClient[Any, Any], env: ApiEnv
+) -> None:
+    await env.feed(FATAL)
+    await client.post("/v1/nodes/n2/cordon", json={"reason": "late"}, headers=ADMIN)
+    async with client.get("/v1/events?since=all", headers=READ) as response:
+        await subscribed(response)
+        first_id, kind, event = await next_message(response)
+        assert (kind, event["node"]["node"]) == ("node.isolated", "n3")
+        second_id, kind, _ = await next_message(response)
+        assert kind == "node.cordoned"
+        assert int(second_id) > int(first_id)
+        await client.post("/v1/nodes/r1.c1.n1/cordon", json={"reason": "live"}, headers=ADMIN)
+        _, kind, event = await next_message(response)  # then it follows live
+        assert (kind, event["node"]["node"]) == ("node.cordoned", "n1")
+
+    resume = {**READ, "Last-Event-ID": first_id}  # a reconnecting EventSource sends this
+    async with client.get("/v1/events", headers=resume) as response:
+        await subscribed(response)
+        ident, kind, event = await next_message(response)
+        assert (ident, kind, event["node"]["node"]) == (second_id, "node.cordoned", "n2")
+
+    async with client.get("/v1/events?since=10m&kind=node.isolated", headers=READ) as response:
+        await subscribed(response)
+        ident, kind, _ = await next_message(response)
+        assert (ident, kind) == (first_id, "node.isolated")
+
+
+async def test_since_a_future_time_replays_nothing(
+    client: TestClient[Any, Any], env: ApiEnv
+) -> None:
+    await env.feed(FATAL)
+    async with client.get("/v1/events?since=2100-01-01T00:00:00Z", headers=READ) as response:
+        await subscribed(response)
+        await client.post("/v1/nodes/n2/cordon", json={"reason": "now"}, headers=ADMIN)
+        _, kind, _ = await next_message(response)  # the isolation before is not replayed
+        assert kind == "node.cordoned"
 
 
 # --- metrics, health, errors -----------------------------------------------------------
 
 
 async def test_metrics_exposition(client: TestClient[Any, Any], env: ApiEnv) -> None:
-    await env.feed(FATAL)
+    env.clock.now = FATAL.ts + 0.5
+    await env.controller.on_batch(FATAL, received_ts=FATAL.ts + 0.2)  # decided 0.3 s later
     env.metrics.count("T_TELEMETRY", "ingested", 3)
     env.metrics.set_lag("T_TELEMETRY", 7)
     response = await client.get("/metrics")
@@ -276,6 +332,10 @@ async def test_metrics_exposition(client: TestClient[Any, Any], env: ApiEnv) -> 
     assert 'metalguard_nodes{grade="FAILING"} 1.0' in text
     assert 'metalguard_nodes{grade="UNREACHABLE"} 0.0' in text
     assert "metalguard_nodes_cordoned 0.0" in text
+    assert 'metalguard_decisions_total{kind="node.isolated"} 1.0' in text
+    bucket = 'metalguard_decision_latency_seconds_bucket{kind="node.isolated",le="%s"}'
+    assert f"{bucket % '0.25'} 0.0" in text
+    assert f"{bucket % '0.5'} 1.0" in text
 
 
 async def test_healthz(client: TestClient[Any, Any]) -> None:
@@ -315,3 +375,42 @@ async def test_an_unexpected_error_is_a_bare_500(
     assert "Traceback" not in text
     assert "_SecretError" not in text
     assert "secret internals" in caplog.text  # logged server-side
+
+
+async def test_event_history_as_json(client: TestClient[Any, Any], env: ApiEnv) -> None:
+    await env.feed(FATAL)
+    for name in ("r1.c1.n1", "n2", "r1.c2.n1"):
+        await client.post(f"/v1/nodes/{name}/cordon", json={"reason": "h"}, headers=ADMIN)
+
+    async def history(query: str) -> dict[str, Any]:
+        response = await client.get(f"/v1/events/history?{query}", headers=READ)
+        assert response.status == 200, await response.text()
+        return dict(await response.json())
+
+    everything = await history("since=all")
+    kinds = [(e["kind"], e["node"]["node"]) for e in everything["events"]]
+    assert kinds == [
+        ("node.isolated", "n3"),
+        ("node.cordoned", "n1"),
+        ("node.cordoned", "n2"),
+        ("node.cordoned", "n1"),
+    ]
+    seqs = [e["seq"] for e in everything["events"]]
+    assert seqs == sorted(seqs) and everything["last_seq"] == seqs[-1]
+    assert everything["more"] is False
+
+    page = await history("since=all&limit=2")
+    assert [e["seq"] for e in page["events"]] == seqs[:2] and page["more"] is True
+    rest = await history(f"after={page['last_seq']}")
+    assert [e["seq"] for e in rest["events"]] == seqs[2:] and rest["more"] is False
+
+    assert [e["kind"] for e in (await history("kind=node.isolated"))["events"]] == [
+        "node.isolated"
+    ]  # default since=1h
+    only_c2 = await history("since=all&node=r1.c2.n1")
+    assert [e["node"]["cluster"] for e in only_c2["events"]] == ["c2"]
+    assert (await history("since=2100-01-01T00:00:00Z"))["events"] == []
+
+    await error_of(await client.get("/v1/events/history?limit=0", headers=READ), 400)
+    await error_of(await client.get("/v1/events/history?after=x", headers=READ), 400)
+    await error_of(await client.get("/v1/events/history"), 401)

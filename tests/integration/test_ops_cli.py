@@ -212,6 +212,24 @@ async def test_events_follow(api: Api) -> None:
     assert "r1.c1.n3" not in line
 
 
+async def test_events_past_without_follow(api: Api) -> None:
+    await api.env.controller.operator_action("r1.c1.n3", "cordon", "first", "t")
+    await api.env.controller.operator_action("r1.c1.n2", "cordon", "second", "t")
+    r = await cli(api, "events", "--since", "all")
+    assert r.code == 0, r.err
+    lines = r.out.strip().splitlines()
+    assert [("r1.c1.n3" in ln, "r1.c1.n2" in ln) for ln in lines[-2:]] == [
+        (True, False),
+        (False, True),
+    ]
+    r = await cli(api, "events", "--since", "10m", "--node", "n2", "--format", "json")
+    assert r.code == 0, r.err
+    (only,) = [json.loads(ln) for ln in r.out.strip().splitlines()]
+    assert (only["kind"], only["node"]["node"]) == ("node.cordoned", "n2")
+    r = await cli(api, "events", "--since", "last tuesday")
+    assert r.code == 2 and "duration" in r.err and "Traceback" not in r.err
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
