@@ -36,6 +36,19 @@ def add_agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     collect.add_argument("--format", choices=("json", "text"), default="json")
     collect.set_defaults(func=_collect)
 
+    qos = agent_sub.add_parser("qos", help="flow control on this node (docs/qos.md)")
+    qos_sub = qos.add_subparsers(dest="qos_command", metavar="ACTION", required=True)
+    qos_apply = qos_sub.add_parser("apply", help="apply a QoS profile file once, locally")
+    qos_apply.add_argument("--profile", type=Path, required=True, help="profile (TOML or .json)")
+    qos_apply.add_argument(
+        "--interface", action="append", default=[], help="only this interface (repeatable)"
+    )
+    qos_apply.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    qos_apply.add_argument("--config", type=Path, default=None, help="agent TOML config ([qos])")
+    qos_apply.add_argument("--netns", default=None, help="network namespace to act in")
+    qos_apply.add_argument("--sysfs", default=None, help="sysfs root of the mlx5 knobs")
+    qos_apply.set_defaults(func=_qos_apply)
+
 
 def _run(args: argparse.Namespace) -> int:
     from agent.service import main_run
@@ -53,4 +66,17 @@ def _collect(args: argparse.Namespace) -> int:
         smart_json_dir=args.smart_json_dir,
         collectors=args.collectors,
         output_format=args.format,
+    )
+
+
+def _qos_apply(args: argparse.Namespace) -> int:
+    from agent.qos.oneshot import main_apply
+
+    return main_apply(
+        profile_path=args.profile,
+        interfaces=args.interface,
+        dry_run=args.dry_run,
+        config_path=args.config,
+        netns=args.netns,
+        sysfs=args.sysfs,
     )

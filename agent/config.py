@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from agent.bmc.targets import BmcTarget
 from proto.access import ConfigSection, NatsAccess, Seconds
 from proto.base import Token
 from proto.documents import DocumentError, decode_toml, read_text
@@ -71,6 +72,61 @@ class SpoolSection(_Section, frozen=True):
     max_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024)] = 64 * MIB
 
 
+class EventsSection(_Section, frozen=True):
+    """``[events]``: sources that publish NodeEvents the moment the kernel or driver
+    reports them (docs/collectors-udev-gpu.md)."""
+
+    udev: bool | None = None
+    """The kernel uevent monitor; default: on when ``collect.enabled`` is not set."""
+    udev_subsystems: tuple[str, ...] = ("pci", "block", "nvme", "net", "hwmon", "infiniband")
+    gpu_xid: bool = True
+    """Wait for NVML XID events while the gpu collector is enabled."""
+
+    def udev_on(self, collect: CollectSection) -> bool:
+        """Whether the agent runs the uevent monitor under ``collect``."""
+        return self.udev if self.udev is not None else collect.enabled is None
+
+
+class BmcProxySection(_Section, frozen=True):
+    """``[bmc_proxy]``: how the agent polls its ``[[bmc]]`` targets (docs/bmc.md)."""
+
+    interval_s: Annotated[float, msgspec.Meta(ge=1)] = 30.0
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 32
+
+
+class QosSection(_Section, frozen=True):
+    """``[qos]``: the flow-control reconciler (docs/qos.md)."""
+
+    enabled: bool = False
+    reconcile_interval_s: Annotated[float, msgspec.Meta(ge=0.1)] = 30.0
+    """How often the applied state is read back and repaired."""
+    interfaces: tuple[str, ...] = ()
+    """Interface names overriding the profile's ``interfaces`` selection."""
+    netns: str = ""
+    """Network namespace whose interfaces are managed (default: the agent's own)."""
+    sysfs: str = ""
+    """sysfs root of the mlx5 DCQCN knobs (default: ``collect.sysfs``)."""
+
+
+class WorkloadSection(_Section, frozen=True):
+    """``[workload]``: the runner of training processes (docs/workloads.md)."""
+
+    enabled: bool = False
+    work_dir: str = "/var/lib/metalguard/work"
+    """Each member runs in ``<work_dir>/<job_id>.<rank>/``, its output in ``output.log``."""
+    socket: str = "/run/metalguard/workload.sock"
+    """The client library's unix socket (``MG_WORKLOAD_SOCKET``)."""
+    stop_grace_s: Seconds = 30.0
+    """``stop``: SIGTERM, then SIGKILL after this."""
+    checkpoint_timeout_s: Seconds = 60.0
+    progress_interval_s: Annotated[float, msgspec.Meta(ge=0.1)] = 2.0
+    """At most one ``job_progress`` event per member per this many seconds."""
+    remember_commands: Annotated[int, msgspec.Meta(ge=16)] = 1024
+    """Command ids (with their replies) kept for idempotency."""
+    python: str = ""
+    """What a ``python``/``python3`` command runs (default: the agent's interpreter)."""
+
+
 class AgentConfig(_Section, frozen=True):
     """The whole agent configuration."""
 
@@ -78,6 +134,12 @@ class AgentConfig(_Section, frozen=True):
     nats: NatsSection = NatsSection()
     collect: CollectSection = CollectSection()
     spool: SpoolSection = SpoolSection()
+    qos: QosSection = QosSection()
+    bmc: tuple[BmcTarget, ...] = ()
+    """``[[bmc]]``: BMCs this agent reads out of band (the bmc-proxy, docs/bmc.md)."""
+    bmc_proxy: BmcProxySection = BmcProxySection()
+    events: EventsSection = EventsSection()
+    workload: WorkloadSection = WorkloadSection()
 
 
 def parse_config(text: str, source: str = "<config>") -> AgentConfig:

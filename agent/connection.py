@@ -46,6 +46,8 @@ class NatsSettings:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_hostname: str | None = None
+    inbox_prefix: str | None = None
+    """Reply subjects of this client's requests (its node credentials allow only its own)."""
     tls: ssl.SSLContext | None = None
     """A ready TLS context; overrides ``tls_ca``/``tls_cert``/``tls_key``."""
     connect_timeout_s: float = 2.0
@@ -229,6 +231,8 @@ class Connection:
             opts["tls"] = self._tls
         if s.tls_hostname:
             opts["tls_hostname"] = s.tls_hostname
+        if s.inbox_prefix:
+            opts["inbox_prefix"] = s.inbox_prefix
         return opts
 
     def _pick_server(self, servers: list[Server], _info: dict[str, Any]) -> tuple[Server, float]:

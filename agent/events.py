@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 from proto.base import AttrValue
 from proto.events import NodeEvent
-from proto.telemetry import EdacController, PcieDevice, SmartDevice, TelemetryBatch
+from proto.telemetry import EdacController, GpuDevice, PcieDevice, SmartDevice, TelemetryBatch
 
 
 def detect_events(
@@ -30,6 +30,7 @@ def detect_events(
         found += _aer(previous.pcie, current.pcie)
     found += _links(previous.pcie if previous else (), current.pcie)
     found += _smart(previous.smart if previous else (), current.smart)
+    found += _gpu(previous.gpu if previous else None, current.gpu)
     return [
         NodeEvent(
             node=current.node,
@@ -147,4 +148,53 @@ def _smart(
                 disk.device,
                 f"SMART overall health of {disk.device} ({disk.model}) is FAILED",
                 {"model": disk.model, "critical_warning": disk.critical_warning},
+            )
+
+
+def _gpu(
+    before: tuple[GpuDevice, ...] | None, after: tuple[GpuDevice, ...]
+) -> Iterator[tuple[str, str, str, str, dict[str, AttrValue]]]:
+    """New double-bit ECC errors (counter), row-remap failure and PCIe downgrade (states)."""
+    old = {g.index: g for g in before or ()}
+    for gpu in after:
+        prev = old.get(gpu.index)
+        device = f"gpu{gpu.index}"
+        ident: dict[str, AttrValue] = {"index": gpu.index, "uuid": gpu.uuid}
+        if before is not None and prev is not None:
+            grew = _grew(prev.ecc_dbe_volatile, gpu.ecc_dbe_volatile)
+            if grew:
+                yield (
+                    "gpu_ecc_dbe",
+                    "gpu",
+                    device,
+                    f"{grew} new double-bit (uncorrectable) ECC error(s) on {device}",
+                    {**ident, "new": grew, "ecc_dbe_volatile": gpu.ecc_dbe_volatile},
+                )
+        if gpu.row_remap_failure and (prev is None or not prev.row_remap_failure):
+            yield (
+                "gpu_row_remap_failure",
+                "gpu",
+                device,
+                f"row remapping failed on {device}: the GPU needs service",
+                {
+                    **ident,
+                    "remapped_rows_uncorrectable": gpu.remapped_rows_uncorrectable,
+                    "row_remap_pending": gpu.row_remap_pending,
+                },
+            )
+        if gpu.pcie_downgraded and (prev is None or not prev.pcie_downgraded):
+            yield (
+                "gpu_pcie_downgrade",
+                "gpu",
+                device,
+                f"PCIe link of {device} runs at gen {gpu.pcie_link_gen} x{gpu.pcie_link_width}"
+                f" of max gen {gpu.pcie_link_gen_max} x{gpu.pcie_link_width_max}",
+                {
+                    **ident,
+                    "pci_address": gpu.pci_address,
+                    "pcie_link_gen": gpu.pcie_link_gen,
+                    "pcie_link_gen_max": gpu.pcie_link_gen_max,
+                    "pcie_link_width": gpu.pcie_link_width,
+                    "pcie_link_width_max": gpu.pcie_link_width_max,
+                },
             )

@@ -53,7 +53,7 @@ async def collect_once(config: AgentConfig, names: list[str]) -> TelemetryBatch:
         cycle = await collection.run_cycle(force=True)
     finally:
         await collection.close()
-    return build_batch(
+    batch = build_batch(
         node_identity(config),
         1,
         cycle,
@@ -61,6 +61,12 @@ async def collect_once(config: AgentConfig, names: list[str]) -> TelemetryBatch:
         started_ts=started,
         interval_s=config.collect.interval_s,
     )
+    if config.bmc:  # [[bmc]] targets: their readings join the top-level `bmc` list
+        from agent.bmc.proxy import read_targets
+
+        readings = await read_targets(config.bmc, config.bmc_proxy.concurrency)
+        batch = msgspec.structs.replace(batch, bmc=(*batch.bmc, *readings), ts=time.time())
+    return batch
 
 
 def main_collect(

@@ -58,6 +58,18 @@ def render_text(batch: TelemetryBatch) -> str:
             f"smart {disk.device} {disk.protocol} {disk.model}: {verdict} "
             f"temp={_n(disk.temperature_c)} hours={_n(disk.power_on_hours)}"
         )
+    for bmc in batch.bmc:
+        state = "reachable" if bmc.reachable else "UNREACHABLE"
+        lines.append(
+            f"bmc   {bmc.node or '-'} {bmc.source}: {state} power={bmc.power_state or '-'} "
+            f"health={bmc.health or '-'}" + (f" ({bmc.message})" if bmc.message else "")
+        )
+        for s in bmc.sensors:
+            unit = f" {s.unit}" if s.unit else ""
+            lines.append(
+                f"        {s.kind} {s.name}: {_n(s.value)}{unit} {s.status or '-'} "
+                f"(crit {_n(s.lower_critical)}..{_n(s.upper_critical)})"
+            )
     for run in batch.collectors:
         ok = "ok" if run.success else "FAILED"
         lines.append(f"run   {run.collector}: {ok} in {run.duration_s * 1000:.1f} ms")

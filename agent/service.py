@@ -16,8 +16,11 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nats.js import JetStreamContext
 
 from agent.batch import build_batch
 from agent.collection import Collection, UnknownCollectorError, resolve_enabled
@@ -28,7 +31,11 @@ from agent.sdnotify import notify, watchdog_interval_s
 from agent.seqstore import SeqStore
 from agent.settings import collector_settings, node_identity
 from agent.spool import Spool, SpoolError
+
+if TYPE_CHECKING:
+    from agent.bmc.proxy import ProxyService
 from proto.base import NodeIdentity
+from proto.events import NodeEvent
 from proto.subjects import Subjects
 from proto.telemetry import TelemetryBatch
 
@@ -69,6 +76,7 @@ class AgentService:
         spool_dir = Path(config.spool.dir)
         self._seq = SeqStore(spool_dir / "seq")
         self._publisher = self._make_publisher(config)
+        self._bmc_proxy: ProxyService | None = None
 
     def _apply(self, config: AgentConfig) -> None:
         """Take a (new) config for collection; NATS settings need a restart."""
@@ -124,6 +132,10 @@ class AgentService:
                 log.warning("reload: [nats] and [spool] changes take effect at restart")
             old_collection = self.collection
             self._apply(new)
+            if self._bmc_proxy is not None:
+                self._bmc_proxy.reload(new)
+            elif new.bmc:
+                log.warning("reload: a first [[bmc]] target takes effect at restart")
         except (ConfigError, UnknownCollectorError) as exc:
             log.error("reload rejected, keeping the running config: %s", exc)
             notify(f"STATUS=config reload rejected: {exc}", self._env)
@@ -135,6 +147,9 @@ class AgentService:
     async def run(self) -> int:
         """Run until stopped; return the exit status."""
         await self._publisher.start()
+        sources = self._start_event_sources()
+        sources += self._start_qos()
+        await self._start_bmc_proxy()
         watchdog = watchdog_interval_s(self._env)
         dog = asyncio.create_task(self._watchdog(watchdog), name="watchdog") if watchdog else None
         notify("READY=1", self._env)
@@ -180,9 +195,100 @@ class AgentService:
             if dog is not None:
                 dog.cancel()
                 await asyncio.gather(dog, return_exceptions=True)
+            for task in sources:
+                task.cancel()
+            await asyncio.gather(*sources, return_exceptions=True)
             await self.collection.close()
-            await self._publisher.close(flush_timeout=FLUSH_TIMEOUT_S)
+            await asyncio.gather(
+                self._publisher.close(flush_timeout=FLUSH_TIMEOUT_S),
+                *([self._bmc_proxy.close(FLUSH_TIMEOUT_S)] if self._bmc_proxy else []),
+            )
         return 0
+
+    # --- bmc-proxy (docs/bmc.md) --------------------------------------------------------
+    async def _start_bmc_proxy(self) -> None:
+        """With ``[[bmc]]`` targets, poll them and publish for their nodes (out of band)."""
+        if not self.config.bmc:
+            return
+        from agent.bmc.proxy import ProxyService
+
+        self._bmc_proxy = ProxyService(self.config, self.identity.node)
+        await self._bmc_proxy.start()
+
+    # --- event sources (docs/collectors-udev-gpu.md) ------------------------------------
+    async def _emit(self, event: NodeEvent) -> None:
+        """The event path of the sources: published at once, not at the next batch."""
+        await self._publisher.publish_event(event)
+
+    def _start_event_sources(self) -> list[asyncio.Task[None]]:
+        """Start the uevent monitor and the GPU XID watcher as configured.  The monitor's
+        socket is opened here, before READY=1, so no uevent after READY is missed;
+        ``[events]`` changes take effect at restart."""
+        events = self.config.events
+        tasks: list[asyncio.Task[None]] = []
+        if events.udev_on(self.config.collect):
+            from agent.collectors.udev import UdevMonitor
+
+            monitor = UdevMonitor(
+                lambda: self.identity, subsystems=events.udev_subsystems, clock=self._wall
+            )
+            monitor.open()
+            tasks.append(self._guarded(monitor.run(self._emit), "udev"))
+        if events.gpu_xid and "gpu" in self.collection.names:
+            from agent.collectors.gpu import XidWatcher
+
+            watcher = XidWatcher(lambda: self.identity, clock=self._wall)
+            tasks.append(self._guarded(watcher.run(self._emit), "gpu-xid"))
+        return tasks
+
+    def _guarded(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A background task whose death is logged, never silently lost."""
+
+        async def guard() -> None:
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("event source %s died", name)
+
+        return asyncio.create_task(guard(), name=name)
+
+    # --- flow control (docs/qos.md) ----------------------------------------------------
+    def _start_qos(self) -> list[asyncio.Task[None]]:
+        """Start the QoS profile watcher and reconciler when ``[qos] enabled``; ``[qos]``
+        changes take effect at restart."""
+        qos = self.config.qos
+        if not qos.enabled:
+            return []
+        from agent.qos.apply import QosTarget
+        from agent.qos.reconciler import QosReconciler
+        from agent.qos.watch import ProfileWatcher
+
+        reconciler = QosReconciler(
+            self.identity,
+            self._publisher.publish_event,
+            target=QosTarget(netns=qos.netns or None, sysfs=qos.sysfs or self.config.collect.sysfs),
+            interfaces=qos.interfaces,
+            interval_s=qos.reconcile_interval_s,
+            wall_clock=self._wall,
+        )
+        watcher = ProfileWatcher(
+            self._publisher.subjects, self.identity.cluster, self.identity.node, reconciler
+        )
+        connection = self._publisher.connection
+
+        async def get_js() -> JetStreamContext:
+            while True:
+                await connection.wait_connected()
+                if connection.js is not None:
+                    return connection.js
+                await asyncio.sleep(0.1)  # connected, JetStream context not set yet
+
+        return [
+            asyncio.create_task(reconciler.run(), name="qos-reconciler"),
+            self._guarded(watcher.run(get_js), "qos-watch"),
+        ]
 
     def _status(self) -> None:
         stats = self._publisher.stats()

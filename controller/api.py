@@ -11,20 +11,31 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from typing import Any, Final, Protocol, cast, get_args
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast, get_args
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from controller.api_sse import EventFilter, EventSource, SseHub
+from controller.api_sse import (
+    NEW_ONLY,
+    EventFilter,
+    EventSource,
+    SseHub,
+    parse_last_event_id,
+    parse_since,
+)
 from controller.lifecycle import OperatorAction
 from controller.scoring_signals import NodeSignals
 from proto.codec import to_builtins
 from proto.events import ControllerEvent
 from proto.nodes import GRADES, NodeRecord
+
+if TYPE_CHECKING:
+    from controller.qos import QosStore
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +45,9 @@ MAX_WHO: Final = 64
 MAX_BODY: Final = 16 * 1024
 LIST_FILTERS: Final = ("grade", "region", "cluster", "rack")
 EVENT_FILTERS: Final = ("kind", "node")
+EVENT_QUERY: Final = (*EVENT_FILTERS, "since")
+HISTORY_QUERY: Final = (*EVENT_QUERY, "after", "limit")
+HISTORY_LIMIT_MAX: Final = 10_000
 
 
 class RecordSource(Protocol):
@@ -79,7 +93,23 @@ class Tokens:
         self._admin = tuple(t.encode() for t in admin)
 
     def check(self, request: web.Request, admin: bool) -> None:
-        """Raise ApiError 401/403 unless the request may proceed."""
+        """Raise ApiError 401/403 unless the request may proceed; a refused write is
+        logged (method, path, peer, why)."""
+        try:
+            self._check(request, admin)
+        except ApiError as exc:
+            if admin:
+                log.warning(
+                    "refused %s %s from %s: %d %s",
+                    request.method,
+                    request.path,
+                    request.remote or "?",
+                    exc.status,
+                    exc.message,
+                )
+            raise
+
+    def _check(self, request: web.Request, admin: bool) -> None:
         if not admin and not self._read and not self._admin:
             return
         if admin and not self._admin:
@@ -100,6 +130,28 @@ VIEW: Final = web.AppKey("view", ControllerView)
 TOKENS: Final = web.AppKey("tokens", Tokens)
 REGISTRIES: Final = web.AppKey("registries", tuple[CollectorRegistry, ...])
 HUB: Final = web.AppKey("hub", SseHub)
+CLOCK: Final = web.AppKey[Callable[[], float]]("clock")
+
+
+class LeaderView(Protocol):
+    """Who leads the region (controller/leader.py's Leadership)."""
+
+    def status(self) -> dict[str, Any]: ...
+
+
+LEADER: Final = web.AppKey("leader", LeaderView)
+
+
+def add_leader_route(app: web.Application, leader: LeaderView) -> None:
+    """``GET /v1/leader`` (and the leader fields of ``/healthz``) over ``leader``."""
+    app[LEADER] = leader
+    app.router.add_get("/v1/leader", leader_status)
+
+
+async def leader_status(request: web.Request) -> web.Response:
+    """Who leads the region: region, leader, self, term, revision, expires_in_s."""
+    request.app[TOKENS].check(request, admin=False)
+    return web.json_response(request.app[LEADER].status())
 
 
 def make_app(
@@ -111,8 +163,11 @@ def make_app(
     registry: CollectorRegistry | None = None,
     keepalive_s: float = 15.0,
     event_queue_size: int = 1000,
+    qos: QosStore | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> web.Application:
-    """The API app; ``registry`` (ingest's metrics) is exposed with the grade counts."""
+    """The API app; ``registry`` (ingest's metrics) is exposed with the grade counts;
+    ``qos`` (the MG_QOS profiles) adds the ``/v1/qos`` routes (controller/api_qos.py)."""
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
     app[VIEW] = view
     app[TOKENS] = Tokens(read_tokens, admin_tokens)
@@ -120,6 +175,7 @@ def make_app(
     grades.register(GradeCollector(view))
     app[REGISTRIES] = (grades,) if registry is None else (registry, grades)
     app[HUB] = SseHub(events_source, keepalive_s, event_queue_size)
+    app[CLOCK] = clock
     app.on_shutdown.append(_close_streams)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
@@ -127,6 +183,11 @@ def make_app(
     app.router.add_get("/v1/nodes/{node}", get_node)
     app.router.add_post(f"/v1/nodes/{{node}}/{{action:{'|'.join(ACTIONS)}}}", act)
     app.router.add_get("/v1/events", events)
+    app.router.add_get("/v1/events/history", event_history)
+    if qos is not None:
+        from controller.api_qos import add_qos_routes  # it imports this module
+
+        add_qos_routes(app, qos)
     return app
 
 
@@ -138,8 +199,13 @@ async def _close_streams(app: web.Application) -> None:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    """Liveness: the process serves HTTP."""
-    return web.json_response({"status": "ok"})
+    """Liveness: the process serves HTTP; with HA, who leads."""
+    body: dict[str, Any] = {"status": "ok"}
+    leader = request.app.get(LEADER)
+    if leader is not None:
+        status = leader.status()
+        body |= {k: status.get(k) for k in ("leading", "leader", "region", "self")}
+    return web.json_response(body)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -200,13 +266,47 @@ async def act(request: web.Request) -> web.Response:
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    """SSE stream of new ControllerEvents, filtered by ``kind`` and ``node``."""
+    """SSE stream of ControllerEvents, filtered by ``kind`` and ``node``; from ``since``
+    (or just after the ``Last-Event-ID`` header's stream sequence), else new ones only."""
     request.app[TOKENS].check(request, admin=False)
-    query = _query(request, EVENT_FILTERS)
-    return await request.app[HUB].stream(request, EventFilter(**query))
+    query = _query(request, EVENT_QUERY)
+    since = query.pop("since", "")
+    last_id = request.headers.get("Last-Event-ID", "")
+    try:
+        if last_id:
+            start = parse_last_event_id(last_id)
+        elif since:
+            start = parse_since(since, request.app[CLOCK]())
+        else:
+            start = NEW_ONLY
+    except ValueError as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
+    return await request.app[HUB].stream(request, EventFilter(**query), start)
 
 
-# --- shapes ---------------------------------------------------------------------------
+async def event_history(request: web.Request) -> web.Response:
+    """Kept ControllerEvents as JSON, oldest first: from ``since`` (default ``1h``) or
+    after the stream sequence ``after``; at most ``limit`` (default 1000)."""
+    request.app[TOKENS].check(request, admin=False)
+    query = _query(request, HISTORY_QUERY)
+    limit_text = query.pop("limit", "1000")
+    after, since = query.pop("after", ""), query.pop("since", "1h")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= HISTORY_LIMIT_MAX:
+        raise ApiError(400, "bad_request", f"limit: {limit_text!r} is not 1-{HISTORY_LIMIT_MAX}")
+    try:
+        start = parse_last_event_id(after) if after else parse_since(since, request.app[CLOCK]())
+    except ValueError as exc:
+        raise ApiError(400, "bad_request", str(exc).replace("Last-Event-ID", "after")) from None
+    keep = EventFilter(**query)
+    found, more = await request.app[HUB].source.history(start, int(limit_text))
+    kept = [(e, seq) for e, seq in found if keep(e)]
+    return web.json_response(
+        {
+            "events": [to_builtins(e) | {"seq": seq} for e, seq in kept],
+            "last_seq": found[-1][1] if found else None,
+            "more": more,
+        }
+    )
 
 
 def summary(handle: str, r: NodeRecord) -> dict[str, Any]:

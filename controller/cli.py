@@ -31,10 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from agent.cli import add_agent_parser
     from controller.cli_ops import add_ops_parsers
+    from controller.cli_qos import add_qos_parser
 
     add_agent_parser(sub)
     _add_controller_parser(sub)
     add_ops_parsers(sub)
+    add_qos_parser(sub)
     _add_demo_parser(sub)
     return parser
 

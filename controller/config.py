@@ -44,6 +44,27 @@ class HttpSection(_Section, frozen=True):
     """Read-only bearer tokens, one per line (``#`` comments and blank lines ignored)."""
     admin_tokens_file: str = ""
     """Admin bearer tokens (also read); writes need one of these."""
+    tls_cert: str = ""
+    """Serve HTTPS with this certificate chain (PEM); empty: plain HTTP."""
+    tls_key: str = ""
+    """The certificate's private key (PEM)."""
+    tls_client_ca: str = ""
+    """Require client certificates signed by this CA (PEM); empty: none asked for."""
+
+
+class HaSection(_Section, frozen=True):
+    """``[ha]``: one of several controllers of the region; one leads by a KV lease
+    (docs/operations.md).  Without the section this controller always leads."""
+
+    instance: Token
+    """This controller's name, unique in the region and stable across restarts (it
+    names its ingest consumers and the lease's holder)."""
+    renew_s: Seconds = 3.0
+    """How often the leader renews the lease (below the bucket's TTL minus margin)."""
+    poll_s: Seconds = 0.5
+    """How often a follower tries to take the lease."""
+    margin_s: float = 1.0
+    """The leader steps down this long before the TTL after its last renewal."""
 
 
 class ControllerConfig(_Section, frozen=True):
@@ -58,6 +79,7 @@ class ControllerConfig(_Section, frozen=True):
     nats: NatsSection = NatsSection()
     lifecycle: LifecycleConfig = LifecycleConfig()
     http: HttpSection | None = None
+    ha: HaSection | None = None
 
     def scoring_config(self, base: Path | None = None) -> ScoringConfig:
         """The scoring config (a relative path is read from ``base``); ConfigError if bad."""

@@ -33,9 +33,28 @@ from proto.nodes import NodeRecord, RailState
 from proto.telemetry import TelemetryBatch
 
 FATAL_EVENT_KINDS: frozenset[str] = frozenset(
-    {"ecc_uncorrectable", "aer_fatal", "aer_nonfatal", "smart_failed"}
+    {
+        "ecc_uncorrectable",
+        "aer_fatal",
+        "aer_nonfatal",
+        "smart_failed",
+        "gpu_ecc_dbe",
+        "gpu_row_remap_failure",
+    }
 )
 """NodeEvent kinds acted on at once, as a fatal assessment (the scorer's fatal rules)."""
+FATAL_WHEN_CRITICAL_KINDS: frozenset[str] = frozenset(
+    {"gpu_xid", "device_removed", "device_unbound"}
+)
+"""Kinds acted on at once when the agent rated them ``critical``: a fatal XID (48, 79,
+...), a physical device gone from the bus or unbound by its driver after an error."""
+
+
+def is_fatal_event(event: NodeEvent) -> bool:
+    """Whether the controller isolates the node at once on this event."""
+    if event.kind in FATAL_EVENT_KINDS:
+        return True
+    return event.kind in FATAL_WHEN_CRITICAL_KINDS and event.severity == "critical"
 FATAL_EVENT_SCORE = 0.0
 
 
@@ -76,7 +95,7 @@ def batch_input(batch: TelemetryBatch, assessment: Assessment, received_ts: floa
     return NodeInput(batch.node, obs, f"b{batch.seq}@{_ms(batch.ts)}")
 
 
-EVENT_VALUE_KEYS = ("ue_count", "new", "new_TOTAL_ERR_FATAL", "new_TOTAL_ERR_NONFATAL")
+EVENT_VALUE_KEYS = ("ue_count", "new", "new_TOTAL_ERR_FATAL", "new_TOTAL_ERR_NONFATAL", "xid")
 """NodeEvent attributes that carry the count a fatal event's reason shows as its value."""
 
 
@@ -89,7 +108,7 @@ def event_input(
     lifecycle takes it in once (a redelivery, or an event older than the last batch taken
     in, is a replay) and the next batch (a higher ``seq``) is taken in as usual.
     """
-    if event.kind not in FATAL_EVENT_KINDS:
+    if not is_fatal_event(event):
         return None
     what = f"{event.kind} on {event.device}" if event.device else event.kind
     counts = [event.attributes.get(k) for k in EVENT_VALUE_KEYS]
@@ -152,21 +171,39 @@ def decide(
             events += _events(settled.decisions, handle_of(item.node), item.tag)
         if result.state != state:
             new_rails[(region, cluster)] = result.state
-        round_tag = _digest(sorted(f"{handle_of(i.node)}:{i.tag}" for i, _, _ in round_))
-        events += _events(result.alerts, f"{region}.{cluster}", round_tag)
+        if result.alerts:
+            round_tag = _digest(sorted(f"{handle_of(i.node)}:{i.tag}" for i, _, _ in round_))
+            events += _events(result.alerts, f"{region}.{cluster}", round_tag)
     return Outcome(changed, new_rails, tuple(events))
 
 
-def decide_silence(records: Mapping[str, NodeRecord], now: float, cfg: LifecycleConfig) -> Outcome:
-    """Mark every silent in-service node UNREACHABLE.
+def decide_silence(
+    records: Mapping[str, NodeRecord],
+    now: float,
+    cfg: LifecycleConfig,
+    *,
+    watching_since: float | None = None,
+    bmc_power_on: Mapping[str, bool] | None = None,
+    bmc_health: Mapping[str, str] | None = None,
+) -> Outcome:
+    """Mark every silent in-service node UNREACHABLE, with its BMC's latest word on its
+    power and health (by handle) where there is one.
 
     The event id names the last batch taken in (``s<last seen ms>``): the same silence
     decided again after a restart has the same id.
     """
+    power, health = bmc_power_on or {}, bmc_health or {}
     changed: dict[str, NodeRecord] = {}
     events: list[ControllerEvent] = []
     for handle, record in sorted(records.items()):
-        t = check_silence(record, now, cfg)
+        t = check_silence(
+            record,
+            now,
+            cfg,
+            bmc_power_on=power.get(handle),
+            bmc_health=health.get(handle, ""),
+            watching_since=watching_since,
+        )
         if t.record != record:
             changed[handle] = t.record
             events += _events(t.decisions, handle, f"s{_ms(record.last_seen_ts or 0.0)}")

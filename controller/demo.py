@@ -29,9 +29,10 @@ from agent.sim.fleet import SimFleet
 from agent.sim.scenario import Scenario, due_faults, load_scenario, unknown_nodes
 from controller.api import make_app
 from controller.api_sse import NatsEventSource
-from controller.ingest import Ingest, IngestSettings
 from controller.natsserver import NatsServer
+from controller.qos import QosStore
 from controller.region import RegionController
+from controller.service import start_ingest
 from controller.state import NodeStore
 from controller.streams import ensure_streams
 from proto.codec import CodecError, decode
@@ -180,11 +181,14 @@ async def run_demo(options: DemoOptions) -> int:
         region = RegionController(js, await NodeStore.open(js, subjects), subjects, REGION)
         await region.start(silence_interval_s=1.0)
         cleanup.append(region.stop)
-        ingest = Ingest(js, subjects, IngestSettings(region=REGION), region)
+        ingest = start_ingest(js, subjects, REGION, region)
         await ingest.start()
         cleanup.append(ingest.stop)
         app = make_app(
-            region, NatsEventSource(nc, subjects, REGION), registry=ingest.metrics.registry
+            region,
+            NatsEventSource(nc, subjects, REGION),
+            registry=ingest.metrics.registry,
+            qos=await QosStore.open(js, subjects),
         )
         runner, api_url = await _serve_api(app, options.http)
         cleanup.append(runner.cleanup)

@@ -294,9 +294,10 @@ class Ingest:
     async def _route_batch(self, route: _Route, msgs: list[Msg]) -> None:
         received = self._clock()
         dead: list[Awaitable[None]] = []
-        for msg in msgs:
+        if msgs:  # the last message's count of those behind it is the consumer's lag
             with contextlib.suppress(nats.errors.Error, ValueError, IndexError):
-                self.metrics.set_lag(route.stream, msg.metadata.num_pending)
+                self.metrics.set_lag(route.stream, msgs[-1].metadata.num_pending)
+        for msg in msgs:
             verdict = self._classify(route, msg)
             if isinstance(verdict, _Bad):
                 dead.append(self._dead_letter(route, msg, verdict))
@@ -407,7 +408,7 @@ class Ingest:
                 )
             await _settle(msg.nak(delay=self.settings.retry_delay_s), route)
             return
-        self.metrics.latency.labels(stream=route.stream).observe(time.perf_counter() - started)
+        self.metrics.observe_latency(route.stream, time.perf_counter() - started)
         self.metrics.count(route.stream, "ingested")
         await _settle(msg.ack(), route)
 

@@ -1,17 +1,22 @@
 """Per-node lanes: a node's items are served in order, different nodes in parallel.
 
-Each node with work has a bounded queue and one worker task; a worker retires as soon
-as its queue is empty and nobody waits to put, so idle nodes cost nothing.  ``put``
-waits while the node's queue is full: that wait is the backpressure on the fetch loop.
-A semaphore bounds how many nodes are handled at the same moment.
+A fixed pool of ``max_concurrent`` worker tasks serves the lanes: a lane with items is
+either waiting in the ready queue or held by exactly one worker, so a node's items never
+run concurrently or out of order, and no task is created per message.  A worker serves
+one item of a lane, then puts the lane back at the end of the ready queue if it has more
+(nodes take turns); an emptied lane is forgotten, so idle nodes cost nothing.  ``put``
+waits while the node's lane holds ``queue_size`` items: that wait is the backpressure on
+the fetch loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
@@ -21,8 +26,11 @@ T = TypeVar("T")
 
 @dataclass(eq=False)
 class _Lane(Generic[T]):
-    queue: asyncio.Queue[T]
-    task: asyncio.Task[None] | None = None
+    items: deque[T] = field(default_factory=deque)
+    held: bool = False
+    """In the ready queue or being served (then a worker will look at it again)."""
+    space: asyncio.Event | None = None
+    """Set when an item is taken; made by the first put that has to wait."""
     waiting_puts: int = 0
 
 
@@ -39,66 +47,85 @@ class NodeDispatcher(Generic[T]):
     ) -> None:
         self._serve = serve
         self._queue_size = queue_size
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._pool_size = max_concurrent
         self._name = name
         self._lanes: dict[str, _Lane[T]] = {}
+        self._ready: asyncio.Queue[str] = asyncio.Queue()
+        self._workers: list[asyncio.Task[None]] = []
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def active(self) -> int:
-        """Keys with a live worker."""
+        """Keys with work queued or being served."""
         return len(self._lanes)
 
     def is_full(self, key: str) -> bool:
         """Whether a ``put`` for ``key`` would wait now."""
         lane = self._lanes.get(key)
-        return lane is not None and lane.queue.full()
+        return lane is not None and len(lane.items) >= self._queue_size
 
     async def put(self, key: str, item: T) -> None:
-        """Queue ``item`` behind ``key``'s earlier items; waits while that queue is full."""
+        """Queue ``item`` behind ``key``'s earlier items; waits while that lane is full."""
         lane = self._lanes.get(key)
         if lane is None:
-            lane = _Lane(asyncio.Queue(self._queue_size))
-            self._lanes[key] = lane
-            lane.task = asyncio.create_task(self._work(key, lane), name=f"{self._name}:{key}")
-            lane.task.add_done_callback(_report_crash)
-        lane.waiting_puts += 1
-        try:
-            await lane.queue.put(item)
-        finally:
-            lane.waiting_puts -= 1
+            lane = self._lanes[key] = _Lane()
+            self._idle.clear()
+        while len(lane.items) >= self._queue_size:
+            if lane.space is None:
+                lane.space = asyncio.Event()
+            lane.space.clear()
+            lane.waiting_puts += 1
+            try:
+                await lane.space.wait()
+            finally:
+                lane.waiting_puts -= 1
+        lane.items.append(item)
+        if not lane.held:
+            lane.held = True
+            self._ready.put_nowait(key)
+        if not self._workers:
+            self._workers = [
+                asyncio.create_task(self._work(), name=f"{self._name}:worker{i}")
+                for i in range(self._pool_size)
+            ]
 
-    async def _work(self, key: str, lane: _Lane[T]) -> None:
-        try:
-            while lane.waiting_puts or not lane.queue.empty():
-                item = await lane.queue.get()
-                async with self._slots:
-                    try:
-                        await self._serve(item)
-                    except Exception:  # serve is meant to catch; never lose the lane
-                        log.exception("%s: serving an item of %s failed", self._name, key)
-        finally:
-            # No await between the emptiness check and this removal: a later put
-            # finds no lane and starts a fresh one.
-            if self._lanes.get(key) is lane:
+    async def _work(self) -> None:
+        while True:
+            key = await self._ready.get()
+            lane = self._lanes[key]
+            item = lane.items.popleft()
+            if lane.space is not None:
+                lane.space.set()
+            try:
+                await self._serve(item)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # serve is meant to catch; never lose the lane
+                log.exception("%s: serving an item of %s failed", self._name, key)
+            if lane.items:
+                self._ready.put_nowait(key)  # back of the line: nodes take turns
+            elif lane.waiting_puts:
+                lane.held = False  # a put is about to add; it schedules the lane again
+            else:
                 del self._lanes[key]
+                if not self._lanes:
+                    self._idle.set()
 
     async def drain(self, timeout_s: float) -> int:
-        """Wait up to ``timeout_s`` for every worker to finish; cancel the rest.
+        """Wait up to ``timeout_s`` for every lane to empty, then stop the workers.
 
-        Returns how many workers had to be cancelled (their items stay unacknowledged
-        and are redelivered by JetStream).
+        Returns how many nodes still had work (their items stay unacknowledged and are
+        redelivered by JetStream).
         """
-        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
-        if not tasks:
-            return 0
-        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-        for task in pending:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        left = len(self._lanes)
+        workers, self._workers = self._workers, []
+        for task in workers:
             task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        return len(pending)
-
-
-def _report_crash(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("worker %s died", task.get_name(), exc_info=task.exception())
+        await asyncio.gather(*workers, return_exceptions=True)
+        self._lanes.clear()
+        self._ready = asyncio.Queue()
+        self._idle.set()
+        return left

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -100,6 +101,8 @@ class IngestMetrics:
             "metalguard_ingest_active_nodes", "Nodes with a live worker", registry=r
         )
         self._stats: dict[str, StreamStats] = {}
+        self._children: dict[tuple[str, str], Any] = {}
+        """Labelled metrics by (metric, stream): ``labels()`` costs more than the update."""
 
     def stream(self, stream: str) -> StreamStats:
         """The live counts of one stream (created on first use)."""
@@ -109,8 +112,20 @@ class IngestMetrics:
         """Add ``n`` to the counter ``name`` (a StreamStats field) of ``stream``."""
         s = self.stream(stream)
         setattr(s, name, getattr(s, name) + n)
-        metric: Counter = getattr(self, "backpressure" if name == "backpressure_waits" else name)
-        metric.labels(stream=stream).inc(n)
+        child = self._children.get((name, stream))
+        if child is None:
+            metric: Counter = getattr(
+                self, "backpressure" if name == "backpressure_waits" else name
+            )
+            child = self._children[(name, stream)] = metric.labels(stream=stream)
+        child.inc(n)
+
+    def observe_latency(self, stream: str, seconds: float) -> None:
+        """One handler call of ``stream`` took ``seconds``."""
+        child = self._children.get(("latency", stream))
+        if child is None:
+            child = self._children[("latency", stream)] = self.latency.labels(stream=stream)
+        child.observe(seconds)
 
     def set_lag(self, stream: str, pending: int) -> None:
         """Record the consumer's pending count."""

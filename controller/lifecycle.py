@@ -203,12 +203,19 @@ def check_silence(
     cfg: LifecycleConfig,
     *,
     bmc_power_on: bool | None = None,
+    bmc_health: str = "",
+    watching_since: float | None = None,
 ) -> Transition:
-    """Mark a silent in-service node UNREACHABLE (not FAILING), with the BMC's word on it."""
+    """Mark a silent in-service node UNREACHABLE (not FAILING), with the BMC's word on it.
+
+    Silence counts from the last batch taken in, or from ``watching_since`` (when the
+    controller started) if later: a restarted controller gives every node its full
+    allowance before calling it silent (its batches may still be in the stream).
+    """
     if record.grade not in ("HEALTHY", "SUB_HEALTHY") or record.last_seen_ts is None:
         return Transition(record)
     limit = cfg.unreachable_after_intervals * record.interval_s
-    silent = now - record.last_seen_ts
+    silent = now - max(record.last_seen_ts, watching_since or record.last_seen_ts)
     if record.interval_s <= 0 or silent < limit:
         return Transition(record)
     intervals = f"{cfg.unreachable_after_intervals} intervals of {record.interval_s:g} s"
@@ -226,6 +233,10 @@ def check_silence(
     else:
         oob = f"the BMC says it is powered {'on' if bmc_power_on else 'off'}"
         reasons.append(Reason(signal="bmc.power_on", value=bmc_power_on, message=oob))
+    if bmc_health and bmc_health != "ok":
+        said = f"the BMC reports health {bmc_health}"
+        reasons.append(Reason(signal="bmc.health", value=bmc_health, message=said))
+        oob = said if bmc_power_on is None else f"{oob}; it reports health {bmc_health}"
     return change_grade(
         replace(record, unreachable_from=record.grade),
         "UNREACHABLE",
@@ -233,7 +244,7 @@ def check_silence(
         cfg,
         tuple(reasons),
         f"no telemetry for {silent:.0f} s; {oob}",
-        attributes={"bmc_power_on": bmc_power_on},
+        attributes={"bmc_power_on": bmc_power_on, "bmc_health": bmc_health or None},
     )
 
 

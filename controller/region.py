@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
@@ -36,12 +36,14 @@ from controller.decide import (
 )
 from controller.decision_metrics import DecisionMetrics
 from controller.lifecycle import LifecycleConfig, OperatorAction
+from controller.out_of_band import BmcWord, with_bmc
 from controller.scoring import NodeSignals, assess
 from controller.scoring_config import DEFAULT_SCORING, ScoringConfig
 from controller.state import ClusterKey, NodeStore, StoreConflictError, handle_of
 from proto.base import NodeIdentity
 from proto.codec import encode
 from proto.events import ControllerEvent, NodeEvent
+from proto.nodes import NodeRecord
 from proto.subjects import Subjects
 from proto.telemetry import TelemetryBatch
 
@@ -72,6 +74,8 @@ class RegionController:
         clock: Callable[[], float] = time.time,
         publish_timeout_s: float = 5.0,
         metrics: DecisionMetrics | None = None,
+        liveness_write_s: float = 10.0,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self._js = js
         self.store = store
@@ -82,6 +86,14 @@ class RegionController:
         self._clock = clock
         self._publish_timeout_s = publish_timeout_s
         self.metrics = metrics or DecisionMetrics()
+        self._liveness_write_s = liveness_write_s
+        self._leading = leading
+        """The HA gate (controller/leader.py): a follower decides nothing, writes nothing
+        to KV and publishes nothing; it keeps only its in-memory scoring history."""
+        self._liveness_written_ts = clock()
+        self._started_ts: float | None = None
+        self._bmc: dict[str, BmcWord] = {}
+        """The newest out-of-band batch of each node, by handle."""
         self._signals: dict[str, NodeSignals] = {}
         self._locks: dict[ClusterKey, asyncio.Lock] = {}
         self._flush_lock = asyncio.Lock()
@@ -91,14 +103,19 @@ class RegionController:
     # --- IngestHandler ------------------------------------------------------------------
 
     async def on_batch(self, batch: TelemetryBatch, received_ts: float) -> None:
-        """Score a batch and take it into its node's lifecycle."""
+        """Score a batch and take it into its node's lifecycle; an out-of-band batch (a
+        bmc-proxy's) is kept for the node's next batch and its silence check instead."""
         if not self._ours(batch.node):
             return
         handle = handle_of(batch.node)
+        if batch.out_of_band:
+            self._bmc[handle] = BmcWord(received_ts, batch)
+            return
+        batch = with_bmc(batch, self._bmc.get(handle), received_ts)
         previous = self._signals.get(handle) or self.store.signals.get(handle)
         signals, assessment = assess(previous, batch, self._scoring)
         self._signals[handle] = signals
-        if previous is None or _fingerprint(signals) != _fingerprint(previous):
+        if assessment.history_changed and self._leading():
             await self.store.put_signals(handle, signals)
         item = batch_input(batch, assessment, received_ts)
 
@@ -143,13 +160,13 @@ class RegionController:
         """One pass: every silent in-service node becomes UNREACHABLE."""
         announced: list[ControllerEvent] = []
         received = self._clock()
-        silent = decide_silence(self.store.records, received, self._cfg)
+        silent = self._decide_silence(self.store.records, received)
         for handle in silent.records:
             node = self.store.records[handle].node
 
             def round_(h: str = handle) -> Outcome:
                 record = self.store.records.get(h)
-                return decide_silence({h: record} if record else {}, self._clock(), self._cfg)
+                return self._decide_silence({h: record} if record else {}, self._clock())
 
             announced += await self._round(node, round_, received)
         return tuple(announced)
@@ -157,7 +174,10 @@ class RegionController:
     # --- lifetime -------------------------------------------------------------------------
 
     async def start(self, silence_interval_s: float | None = None) -> None:
-        """Publish what a previous run left in the outbox; start the silence checks."""
+        """Publish what a previous run left in the outbox; start the silence checks
+        (silence is counted from now at the earliest)."""
+        if self._started_ts is None:
+            self._started_ts = self._clock()
         await self.flush()
         if silence_interval_s is not None and self._silence_task is None:
             self._stop.clear()
@@ -166,16 +186,38 @@ class RegionController:
             )
 
     async def stop(self) -> None:
-        """Stop the silence checks (idempotent)."""
+        """Stop the silence checks and write the liveness not yet written (idempotent)."""
         self._stop.set()
         task, self._silence_task = self._silence_task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        try:
+            await self.flush_liveness()
+        except NatsError as exc:
+            log.warning("liveness of %d nodes not written: %s", len(self.store.unwritten), exc)
+
+    async def flush_liveness(self) -> int:
+        """Write the records whose last batch changed only their liveness (last seen, seq),
+        each under its cluster's lock; how many were written."""
+        if not self._leading():
+            return 0
+        by_cluster: dict[ClusterKey, list[str]] = {}
+        for handle in self.store.unwritten:
+            record = self.store.records.get(handle)
+            if record is not None:
+                by_cluster.setdefault((record.node.region, record.node.cluster), []).append(handle)
+        written = 0
+        for key, handles in sorted(by_cluster.items()):
+            async with self._lock(key):
+                written += await self.store.flush_liveness(handles)
+        return written
 
     async def flush(self) -> int:
         """Publish every pending event in the outbox; how many remain pending."""
+        if not self._leading():
+            return len(self.store.outbox)
         async with self._flush_lock:
             for event in sorted(self.store.outbox.values(), key=lambda e: (e.ts, e.event_id)):
                 await self._publish(event)
@@ -200,8 +242,9 @@ class RegionController:
     ) -> tuple[ControllerEvent, ...]:
         """Decide, persist, publish, under the cluster's lock; the events announced
         (each one's latency from ``received_ts`` observed once the stream has it)."""
-        lock = self._locks.setdefault((node.region, node.cluster), asyncio.Lock())
-        async with lock:
+        if not self._leading():
+            return ()
+        async with self._lock((node.region, node.cluster)):
             for attempt in range(CONFLICT_RETRIES + 1):
                 outcome = round_()
                 try:
@@ -218,6 +261,21 @@ class RegionController:
                         self.metrics.observe(event.kind, self._clock() - received_ts)
                 return outcome.events
         raise AssertionError("unreachable")
+
+    def _decide_silence(self, records: Mapping[str, NodeRecord], now: float) -> Outcome:
+        fresh = {h: w for h, w in self._bmc.items() if h in records and w.fresh(now)}
+        power = {h: on for h, w in fresh.items() if (on := w.power_on) is not None}
+        return decide_silence(
+            records,
+            now,
+            self._cfg,
+            watching_since=self._started_ts,
+            bmc_power_on=power,
+            bmc_health={h: w.health for h, w in fresh.items() if w.health},
+        )
+
+    def _lock(self, key: ClusterKey) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
 
     async def _persist(self, outcome: Outcome) -> None:
         await self.store.add_pending(outcome.events)
@@ -252,19 +310,18 @@ class RegionController:
                 await asyncio.wait_for(self._stop.wait(), interval_s)
             if self._stop.is_set():
                 return
+            if not self._leading():
+                self._started_ts = None  # a new leader counts silence from its takeover
+                continue
+            if self._started_ts is None:
+                self._started_ts = self._clock()
             try:
                 await self.flush()
                 await self.check_silence()
+                if self._clock() - self._liveness_written_ts >= self._liveness_write_s:
+                    self._liveness_written_ts = self._clock()
+                    await self.flush_liveness()
             except (NatsError, StoreConflictError) as exc:
                 log.error("silence check failed, retried next tick: %s", exc)
             except Exception:  # a bug must not end the checks silently
                 log.exception("silence check failed, retried next tick")
-
-
-def _fingerprint(signals: NodeSignals) -> tuple[tuple[str, tuple[int, ...], int], ...]:
-    """What of a scoring history is worth persisting: counter values and resets (the
-    timestamp of an unchanged newest sample moves every batch)."""
-    return tuple(
-        (key, tuple(value for _, value in history.samples), history.resets)
-        for key, history in sorted(signals.counters.items())
-    )

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import msgspec
 
 from controller.rules import COUNTER_SOURCES, RULES, Context, Finding
+from controller.rules.base import GROWTH_ONLY_RULES
 from controller.scoring_config import (
     DEFAULT_SCORING,
     SEVERITIES,
@@ -23,7 +24,7 @@ from controller.scoring_config import (
     Rules,
     ScoringConfig,
 )
-from controller.scoring_signals import NodeSignals, observe
+from controller.scoring_signals import NodeSignals, fingerprint, take_in
 from proto.base import Reason
 from proto.nodes import Grade
 from proto.telemetry import TelemetryBatch
@@ -46,6 +47,9 @@ class Assessment(msgspec.Struct, frozen=True, kw_only=True):
     """What costs points, most serious first; ``penalty`` is what each was charged."""
     notes: tuple[Reason, ...] = ()
     """Information that costs nothing (counter resets, an unreachable BMC)."""
+    history_changed: bool = False
+    """The batch changed a counter's value, sample count or resets: the history is worth
+    persisting (a steady node's is not, though its time stamps moved)."""
 
     @property
     def reasons(self) -> tuple[Reason, ...]:
@@ -66,16 +70,38 @@ def assess(
     values: dict[str, int] = {}
     for source in COUNTER_SOURCES:
         values.update(source(batch))
-    updated = observe(
+    retention_s = _retention_s(config)
+    updated, steady = take_in(
         signals,
         batch.ts,
         values,
-        retention_s=config.retention_s(),
+        retention_s=retention_s,
         max_samples=config.history.max_samples_per_key,
     )
     ctx = Context(batch=batch, signals=updated, config=config)
-    found = [item for rule in RULES for item in rule(ctx)]
-    return updated, summarize(found, config)
+    quiet = steady or updated.quiet_since(ctx.now - retention_s)
+    rules = READING_RULES if quiet else RULES
+    found = [item for rule in rules for item in rule(ctx)]
+    assessment = summarize(found, config)
+    if steady or fingerprint(updated) == fingerprint(signals):
+        return updated, assessment
+    return updated, msgspec.structs.replace(assessment, history_changed=True)
+
+
+READING_RULES = tuple(rule for rule in RULES if rule not in GROWTH_ONLY_RULES)
+"""The rules run for a node whose counters are all quiet (the growth-only rules would
+find nothing: most nodes, most of the time)."""
+
+
+_RETENTION: dict[int, tuple[ScoringConfig, float]] = {}
+
+
+def _retention_s(config: ScoringConfig) -> float:
+    """``config.retention_s()``, computed once per config object."""
+    cached = _RETENTION.get(id(config))
+    if cached is None or cached[0] is not config:
+        cached = _RETENTION[id(config)] = (config, config.retention_s())
+    return cached[1]
 
 
 def summarize(found: Iterable[Finding], config: ScoringConfig = DEFAULT_SCORING) -> Assessment:

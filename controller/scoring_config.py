@@ -175,6 +175,20 @@ def _rate(warning: float, severe: float, warning_penalty: float, severe_penalty:
     )
 
 
+def _net_rate(
+    window_s: float, warning: float, severe: float, warning_penalty: float, severe_penalty: float
+) -> RateRule:
+    return RateRule(
+        enabled=True,
+        window_s=window_s,
+        warning_threshold=warning,
+        warning_penalty=warning_penalty,
+        severe_threshold=severe,
+        severe_penalty=severe_penalty,
+        max_penalty=2 * severe_penalty,
+    )
+
+
 def _growth(
     total: float, total_penalty: float, growth_severity: Severity, growth_penalty: float
 ) -> GrowthRule:
@@ -231,6 +245,15 @@ class Rules(_Section, frozen=True):
     ata_offline_uncorrectable: GrowthRule = _growth(1, 10, "severe", 30)
     ata_reported_uncorrectable: GrowthRule = _growth(1, 10, "severe", 30)
     scsi_grown_defects: GrowthRule = _growth(100, 5, "warning", 10)
+    # GPUs (NVML)
+    gpu_ecc_uncorrectable: ThresholdRule = _threshold("fatal", 100, 100, 1)
+    gpu_row_remap_failure: FlagRule = _flag("fatal", 100, 100)
+    gpu_reset_pending: FlagRule = _flag("warning", 10, 20)
+    gpu_pcie_downgrade: FlagRule = _flag("severe", 30, 60)
+    gpu_thermal_slowdown: FlagRule = _flag("warning", 10, 30)
+    gpu_ecc_correctable_rate: RateRule = _rate(10, 100, 5, 20)
+    gpu_pcie_replay_rate: RateRule = _rate(100, 10_000, 5, 20)
+    gpu_nvlink_error_rate: RateRule = _rate(100, 10_000, 10, 30)
     # cooling
     fan_stopped: FlagRule = _flag("severe", 30, 60)
     fan_below_min: FlagRule = _flag("warning", 10, 30)
@@ -251,6 +274,11 @@ class Rules(_Section, frozen=True):
         enabled=True, warning_penalty=5, severe_penalty=20, max_penalty=40
     )
     bmc_unreachable: FlagRule = _flag("info", 0, 0)
+    # network (per interface; rates per hour, see docs/scoring.md)
+    net_error_rate: RateRule = _net_rate(600, 60, 3600, 5, 20)
+    net_drop_rate: RateRule = _net_rate(600, 36_000, 3_600_000, 5, 15)
+    net_pause_storm: RateRule = _net_rate(300, 3_600_000, 36_000_000, 10, 30)
+    tc_lossless_drops: RateRule = _net_rate(600, 1, 3600, 10, 30)
     # the pipeline itself
     collector_failed: FlagRule = _flag("warning", 2, 10)
     counter_reset: FlagRule = _flag("info", 0, 0)

@@ -27,6 +27,14 @@ class CounterHistory(msgspec.Struct, frozen=True, kw_only=True):
     resets: int = 0
     last_reset_ts: float | None = None
 
+    def quiet_since(self, start: float) -> bool:
+        """Whether the counter neither grew nor reset in the samples kept from ``start``
+        on (cheap: counters only grow between resets, so equal ends mean no growth)."""
+        samples = self.samples
+        if self.last_reset_ts is not None and self.last_reset_ts >= start:
+            return False
+        return len(samples) < 2 or samples[0][1] == samples[-1][1]
+
 
 class NodeSignals(msgspec.Struct, frozen=True, kw_only=True):
     """The signal history of one node, keyed like ``edac.mc0.dimm3.ce``."""
@@ -42,14 +50,18 @@ class NodeSignals(msgspec.Struct, frozen=True, kw_only=True):
         zero. An unknown key, or one with a single sample, grew by zero.
         """
         history = self.counters.get(key)
-        if history is None:
-            return 0
         start = now - window_s
+        if history is None or history.quiet_since(start):
+            return 0
         grown = 0
         for (_, before), (ts, value) in pairwise(history.samples):
             if start <= ts <= now and value > before:
                 grown += value - before
         return grown
+
+    def quiet_since(self, start: float) -> bool:
+        """Whether no counter grew or reset from ``start`` on."""
+        return all(h.quiet_since(start) for h in self.counters.values())
 
     def reset_at(self, key: str, ts: float) -> bool:
         """Whether ``key`` was seen to reset by the batch at ``ts``."""
@@ -72,11 +84,77 @@ def observe(
     Samples older than ``retention_s`` are dropped (but for the newest of them, the base a
     later rise is measured from), then keys with no sample newer than that.
     """
+    return take_in(signals, ts, values, retention_s=retention_s, max_samples=max_samples)[0]
+
+
+def take_in(
+    signals: NodeSignals | None,
+    ts: float,
+    values: Mapping[str, int],
+    *,
+    retention_s: float,
+    max_samples: int,
+) -> tuple[NodeSignals, bool]:
+    """:func:`observe`, and whether the batch was *steady*: the same counters as before,
+    each in a run of equal readings equal to its new value. A steady batch changes no
+    value, sample count or reset (nothing worth persisting), and leaves every counter
+    quiet over the retention."""
     current = signals or NodeSignals()
     if current.updated_ts is not None and ts <= current.updated_ts:
         if ts > current.updated_ts - retention_s:
-            return current
+            return current, False
         current = NodeSignals()
+    steady = _steady(current, ts, values)
+    if steady is not None:
+        return steady, True
+    updated = _observe(current, ts, values, retention_s=retention_s, max_samples=max_samples)
+    return updated, False
+
+
+Fingerprint = tuple[tuple[str, int, int, int], ...]
+
+
+def fingerprint(signals: NodeSignals | None) -> Fingerprint:
+    """What of a history is worth persisting: each counter's newest value, sample count
+    and resets (the time stamp of an unchanged newest sample moves every batch)."""
+    if signals is None:
+        return ()
+    return tuple(
+        (key, h.samples[-1][1] if h.samples else -1, len(h.samples), h.resets)
+        for key, h in signals.counters.items()
+    )
+
+
+def _steady(current: NodeSignals, ts: float, values: Mapping[str, int]) -> NodeSignals | None:
+    """The common case cheaply: the same counters, each in a run of two or more equal
+    readings equal to its new value. The run's last sample moves to ``ts``; nothing is
+    pruned (the run's first sample is the base of any later rise). None otherwise."""
+    counters = current.counters
+    if len(counters) != len(values) or not counters:
+        return None
+    moved: dict[str, CounterHistory] = {}
+    for key, history in counters.items():
+        samples = history.samples
+        value = values.get(key)
+        if len(samples) != 2 or value is None or samples[0][1] != value or samples[1][1] != value:
+            return None
+        moved[key] = CounterHistory(
+            samples=(samples[0], (ts, value)),
+            resets=history.resets,
+            last_reset_ts=history.last_reset_ts,
+        )
+    return NodeSignals(updated_ts=ts, counters=moved)
+
+
+def _observe(
+    current: NodeSignals,
+    ts: float,
+    values: Mapping[str, int],
+    *,
+    retention_s: float,
+    max_samples: int,
+) -> NodeSignals:
+    """:func:`observe` the long way: every key appended and pruned."""
     cutoff = ts - retention_s
     counters: dict[str, CounterHistory] = {}
     for key in current.counters.keys() | values.keys():

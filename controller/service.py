@@ -25,6 +25,8 @@ from controller.api_server import start_api
 from controller.api_sse import NatsEventSource
 from controller.config import ConfigError, ControllerConfig, NatsSection, load_config
 from controller.ingest import Ingest, IngestSettings
+from controller.leader import Leadership, region_leadership
+from controller.qos import QosStore
 from controller.region import RegionController
 from controller.scoring_config import ScoringConfig
 from controller.state import NodeStore
@@ -49,6 +51,8 @@ def connect_options(cfg: NatsSection) -> dict[str, Any]:
         options["user_credentials"] = cfg.credentials
     if cfg.nkey_seed:
         options["nkeys_seed"] = cfg.nkey_seed
+    if cfg.inbox_prefix:
+        options["inbox_prefix"] = cfg.inbox_prefix
     try:
         ctx = tls_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
     except ValueError as exc:
@@ -63,10 +67,49 @@ async def _on_error(exc: Exception) -> None:
 
 
 def start_ingest(
-    js: JetStreamContext, subjects: Subjects, region: str, handler: RegionController
+    js: JetStreamContext,
+    subjects: Subjects,
+    region: str,
+    handler: RegionController,
+    instance: str = "",
 ) -> Ingest:
-    """The ingest consumers for ``region``, feeding ``handler`` (not yet started)."""
-    return Ingest(js, subjects, IngestSettings(region=region), handler)
+    """The ingest consumers for ``region``, feeding ``handler`` (not yet started); its
+    metrics registry also holds the handler's decision metrics.  An HA ``instance`` has
+    consumers of its own (every controller of the region sees every message)."""
+    registry = handler.metrics.registry
+    settings = IngestSettings(region=region)
+    if instance:
+        settings = IngestSettings(region=region, durable_prefix=f"mg-controller-{instance}")
+    return Ingest(js, subjects, settings, handler, registry=registry)
+
+
+async def start_leadership(
+    js: JetStreamContext, subjects: Subjects, cfg: ControllerConfig
+) -> Leadership:
+    """The HA gate of ``[ha]`` (a lease in ``<P>_LEASES``), or one that always leads."""
+    if cfg.ha is None:
+        return Leadership.always()
+    kv = await js.key_value(subjects.bucket("leases"))
+    return await region_leadership(
+        kv,
+        cfg.region,
+        cfg.ha.instance,
+        renew_s=cfg.ha.renew_s,
+        poll_s=cfg.ha.poll_s,
+        margin_s=cfg.ha.margin_s,
+    )
+
+
+def reload_on_election(
+    leadership: Leadership, js: JetStreamContext, subjects: Subjects, controller: RegionController
+) -> None:
+    """On taking the lease, the controller reloads its records from KV (the previous
+    leader's decisions) before it may act."""
+
+    async def reload() -> None:
+        controller.store = await NodeStore.open(js, subjects)
+
+    leadership.on_elected = reload
 
 
 async def run_controller(config_path: Path) -> int:
@@ -128,6 +171,7 @@ async def _serve(
     try:
         await ensure_streams(js, subjects)
         store = await NodeStore.open(js, subjects)
+        leadership = await start_leadership(js, subjects, cfg)
     except NatsError as exc:
         print(f"metalguard: JetStream setup failed: {exc}", file=sys.stderr)
         return 1
@@ -139,20 +183,30 @@ async def _serve(
         cfg.lifecycle,
         scoring,
         publish_timeout_s=cfg.nats.publish_timeout_s,
+        leading=leadership.leading,
     )
-    ingest = start_ingest(js, subjects, cfg.region, controller)
+    reload_on_election(leadership, js, subjects, controller)
+    instance = cfg.ha.instance if cfg.ha is not None else ""
+    ingest = start_ingest(js, subjects, cfg.region, controller, instance)
     api = None
     if cfg.http is not None:
         source = NatsEventSource(nc, subjects, cfg.region)
         try:
-            api = await start_api(cfg.http, controller, source, ingest.metrics.registry)
+            qos = await QosStore.open(js, subjects)
+            api = await start_api(
+                cfg.http, controller, source, ingest.metrics.registry, qos, leadership
+            )
         except ConfigError as exc:
             print(f"metalguard: {exc}", file=sys.stderr)
             return 2
+        except NatsError as exc:
+            print(f"metalguard: QoS bucket unavailable: {exc}", file=sys.stderr)
+            return 1
         except OSError as exc:
             print(f"metalguard: cannot serve HTTP on {cfg.http.listen}: {exc}", file=sys.stderr)
             return 1
     try:
+        await leadership.start()
         await controller.start(silence_interval_s=cfg.silence_check_s)
         await ingest.start()
         log.info("controller for region %s running: %d nodes known", cfg.region, len(store.records))
@@ -166,5 +220,6 @@ async def _serve(
             await api.cleanup()
         await ingest.stop()
         await controller.stop()
+        await leadership.stop()
     log.info("stopped")
     return 0

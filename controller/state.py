@@ -57,6 +57,18 @@ def handle_of(node: NodeIdentity) -> str:
     return f"{node.region}.{node.cluster}.{node.node}"
 
 
+LIVENESS_FIELDS = frozenset(
+    {"last_seen_ts", "last_sent_ts", "last_seq", "interval_s", "updated_ts"}
+)
+"""NodeRecord fields that a steady node's every batch moves; written lazily."""
+_DECISION_FIELDS = tuple(f for f in NodeRecord.__struct_fields__ if f not in LIVENESS_FIELDS)
+
+
+def only_liveness_differs(before: NodeRecord, after: NodeRecord) -> bool:
+    """Whether ``after`` is ``before`` with at most its liveness fields changed."""
+    return all(getattr(before, f) == getattr(after, f) for f in _DECISION_FIELDS)
+
+
 def rail_key(region: str, cluster: str) -> str:
     """The key of a cluster's RailState."""
     return f"{RAIL_PREFIX}{region}.{cluster}"
@@ -81,6 +93,8 @@ class NodeStore:
         self._sizes: Counter[ClusterKey] = Counter()
         self.signals: dict[str, NodeSignals] = {}
         """Scoring history by node handle, as last persisted."""
+        self._unwritten: set[str] = set()
+        """Handles whose cached record is newer than KV in liveness fields only."""
 
     @classmethod
     async def open(cls, js: JetStreamContext, subjects: Subjects) -> NodeStore:
@@ -109,10 +123,42 @@ class NodeStore:
         return self._sizes[(region, cluster)]
 
     async def put_record(self, record: NodeRecord) -> None:
-        """Write a node's record (compare-and-set); StoreConflictError on a lost race."""
+        """Write a node's record (compare-and-set); StoreConflictError on a lost race.
+
+        A record that differs from the cached one only in its liveness fields
+        (:data:`LIVENESS_FIELDS`: a steady node's next batch) is only cached and written
+        by :meth:`flush_liveness`, which the controller calls every few seconds.
+        """
         key = handle_of(record.node)
+        cached = self.records.get(key)
+        if cached is not None and key in self._revisions and only_liveness_differs(cached, record):
+            self._unwritten.add(key)
+            self.records[key] = record
+            return
         await self._write(key, encode(record))
+        self._unwritten.discard(key)
         self._keep(key, record)
+
+    @property
+    def unwritten(self) -> frozenset[str]:
+        """The handles whose record has liveness not yet written."""
+        return frozenset(self._unwritten)
+
+    async def flush_liveness(self, handles: Iterable[str]) -> int:
+        """Write those of ``handles`` whose liveness is newer than KV; how many were
+        written. A lost race (another writer) re-reads that key instead: its value wins."""
+        written = 0
+        for key in sorted(self._unwritten.intersection(handles)):
+            self._unwritten.discard(key)
+            record = self.records.get(key)
+            if record is None:
+                continue
+            try:
+                await self._write(key, encode(record))
+            except StoreConflictError:
+                continue
+            written += 1
+        return written
 
     def _keep(self, key: str, record: NodeRecord) -> None:
         if key not in self.records:
@@ -174,6 +220,7 @@ class NodeStore:
     async def _refresh(self, key: str) -> None:
         """Re-read one key into the cache (gone or undecodable: dropped from it)."""
         self._revisions.pop(key, None)
+        self._unwritten.discard(key)
         try:
             entry = await self._kv.get(key)
         except KeyNotFoundError:

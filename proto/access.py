@@ -30,6 +30,10 @@ class NatsAccess(ConfigSection, frozen=True):
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
+    inbox_prefix: str = ""
+    """Reply subjects of this process's requests start with this (nats-py's
+    ``inbox_prefix``); per-node credentials allow only the node's own (docs/security.md).
+    Empty: ``_INBOX``."""
     connect_timeout_s: Seconds = 2.0
     """One connection attempt."""
     publish_timeout_s: Seconds = 5.0

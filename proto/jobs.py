@@ -20,6 +20,10 @@ JobState = Literal[
     "failed",
     "cancelled",
 ]
+MoveCause = Literal["node_failing", "maintenance", "preempted", "hang", "crash", "lost", "operator"]
+MoveTarget = Literal["place", "queue", "failed", "cancelled"]
+MovePhase = Literal["checkpointing", "stopping", "placing", "starting"]
+"""The steps of a move, in order; each is recorded in MG_JOBS before it is taken."""
 TERMINAL_JOB_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -72,6 +76,45 @@ class JobTransition(Record, frozen=True):
     step: NonNegInt | None = None
 
 
+class MemberState(Record, frozen=True):
+    """One rank of a running gang: where it runs and how far it got."""
+
+    rank: NonNegInt
+    node: str
+    """Node handle ``region.cluster.node``."""
+    step: NonNegInt = 0
+    progress_ts: float = 0.0
+    """Controller time the step last advanced (or the member started)."""
+    exit_code: int | None = None
+    """Set once the member's process exited (``-signal`` when killed by one)."""
+    digest: str = ""
+    """The workload's final ``digest=`` line, when it printed one."""
+
+
+class JobMove(Record, frozen=True):
+    """A move or restart in progress: the durable plan a restarted controller finishes."""
+
+    move_id: str
+    """Unique per move; command ids of the move derive from it (idempotent retries)."""
+    cause: MoveCause
+    phase: MovePhase
+    started_ts: float
+    phase_ts: float
+    """When the current phase began (its deadline counts from here)."""
+    from_nodes: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    """Nodes the job must not be placed on again (the bad ones)."""
+    checkpoint: CheckpointRef | None = None
+    """The checkpoint chosen to resume from (set when leaving ``checkpointing``)."""
+    fresh: bool = False
+    """Whether ``checkpoint`` was taken by this move (else: the last periodic one)."""
+    last_step: NonNegInt = 0
+    """The furthest step any member had reached when the move began."""
+    target: MoveTarget = "place"
+    """After stopping: place again (``place``), back to the queue (``queue``: preemption),
+    or end the job (``failed``, ``cancelled``)."""
+
+
 class JobStatus(Message, frozen=True, tag="job_status"):
     """Where a job is now and how it got there (KV ``MG_JOBS``)."""
 
@@ -83,3 +126,43 @@ class JobStatus(Message, frozen=True, tag="job_status"):
     last_checkpoint: CheckpointRef | None = None
     history: tuple[JobTransition, ...] = ()
     updated_ts: float = 0.0
+    job: Job | None = None
+    """The job as submitted (the MG_JOBS value carries both)."""
+    generation: NonNegInt = 0
+    """Incremented at every start; start/stop command ids derive from it."""
+    members: tuple[MemberState, ...] = ()
+    move: JobMove | None = None
+    resumed_from_step: NonNegInt | None = None
+    """The step the latest start resumed from (None: started from scratch)."""
+    steps_redone: NonNegInt = 0
+    """Steps computed again after resuming from a checkpoint older than the progress."""
+    downtime_s: float = 0.0
+    """Seconds the job spent not running between its first start and now (moves)."""
+    crashes: NonNegInt = 0
+    """Restarts caused by a crash or a hang (counted against ``max_restarts``)."""
+    digest: str = ""
+    """The final ``digest=`` line of rank 0 once the job succeeded."""
+    reason: str = ""
+    """Why it is in its state (failed, cancelled, preempted)."""
+    cancel_requested: bool = False
+
+
+JOB_EVENT_KINDS: frozenset[str] = frozenset(
+    {
+        "job.submitted",
+        "job.queued",
+        "job.placed",
+        "job.started",
+        "job.checkpointed",
+        "job.stopped",
+        "job.rescheduled",
+        "job.lost_progress",
+        "job.hung",
+        "job.crashed",
+        "job.failed",
+        "job.finished",
+        "job.preempted",
+        "job.cancelled",
+    }
+)
+"""The ControllerEvent kinds of the job manager (docs/protocol.md, docs/jobs.md)."""

@@ -11,6 +11,7 @@ from typing import Final
 import msgspec
 
 from proto.base import Message, NodeIdentity, NonNegInt, Record
+from proto.topology import NodeTopology
 
 NVME_CRITICAL_WARNING_BITS: Final[dict[int, str]] = {
     0: "available spare below threshold",
@@ -147,7 +148,7 @@ class BmcSensor(Record, frozen=True):
 
     name: str
     kind: str
-    """fan | temperature | voltage | current | power | power_supply | other"""
+    """fan | temperature | voltage | current | power | psu | other"""
     value: float | None = None
     unit: str = ""
     status: str = ""
@@ -161,10 +162,22 @@ class BmcReading(Record, frozen=True):
 
     source: str
     reachable: bool
+    node: str = ""
+    """The node the BMC belongs to, ``REGION.CLUSTER.NODE`` (its ``[[bmc]]`` target)."""
     power_state: str = ""
     health: str = ""
     sensors: tuple[BmcSensor, ...] = ()
     message: str = ""
+
+
+class NvLinkErrors(Record, frozen=True):
+    """One NVLink's data-link error counters, as NVML counts them."""
+
+    link: NonNegInt
+    replay: NonNegInt | None = None
+    recovery: NonNegInt | None = None
+    crc_flit: NonNegInt | None = None
+    crc_data: NonNegInt | None = None
 
 
 class GpuDevice(Record, frozen=True):
@@ -180,6 +193,73 @@ class GpuDevice(Record, frozen=True):
     ecc_uncorrected: NonNegInt | None = None
     retired_pages: NonNegInt | None = None
     xid_errors: tuple[int, ...] = ()
+    ecc_sbe_volatile: NonNegInt | None = None
+    """Single-bit (corrected) ECC errors since the driver loaded."""
+    ecc_dbe_volatile: NonNegInt | None = None
+    """Double-bit (uncorrected) ECC errors since the driver loaded."""
+    ecc_sbe_aggregate: NonNegInt | None = None
+    """Single-bit ECC errors over the board's life (inforom)."""
+    ecc_dbe_aggregate: NonNegInt | None = None
+    retired_pages_sbe: NonNegInt | None = None
+    retired_pages_dbe: NonNegInt | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: NonNegInt | None = None
+    remapped_rows_uncorrectable: NonNegInt | None = None
+    row_remap_pending: bool | None = None
+    """A row remap waits for the next GPU reset."""
+    row_remap_failure: bool | None = None
+    """A row could not be remapped: the GPU needs service."""
+    pcie_replay_count: NonNegInt | None = None
+    pcie_link_gen: NonNegInt | None = None
+    pcie_link_gen_max: NonNegInt | None = None
+    pcie_link_width: NonNegInt | None = None
+    pcie_link_width_max: NonNegInt | None = None
+    pcie_downgraded: bool = False
+    """Narrower than its max width, or below its max generation while not idle."""
+    nvlinks: tuple[NvLinkErrors, ...] = ()
+    throttle_reasons: tuple[str, ...] = ()
+    """Active clock throttle reasons (``sw_power_cap``, ``hw_thermal_slowdown``, ...)."""
+
+
+class TcClassStats(Record, frozen=True):
+    """One tc class of an interface: counters since the class was created."""
+
+    classid: str
+    """``major:minor`` in hex, as tc prints it (``1:10``)."""
+    kind: str = ""
+    """The class's qdisc kind (``htb``)."""
+    name: str = ""
+    """The profile's traffic class it serves, when the agent's QoS reconciler made it."""
+    lossless: bool = False
+    """It serves a PFC (lossless) priority of the applied profile: drops there are bad."""
+    bytes: NonNegInt = 0
+    packets: NonNegInt = 0
+    drops: NonNegInt = 0
+    overlimits: NonNegInt = 0
+    ecn_marks: NonNegInt | None = None
+    """Packets ECN-marked by the class's leaf qdisc (RED, fq_codel); null when none marks."""
+
+
+class NetInterface(Record, frozen=True):
+    """One network interface's health counters (``/sys/class/net/<if>/statistics``, tc
+    class statistics, PFC pause counters from ``ethtool -S``); null when unreadable."""
+
+    name: str
+    rx_bytes: NonNegInt | None = None
+    tx_bytes: NonNegInt | None = None
+    rx_packets: NonNegInt | None = None
+    tx_packets: NonNegInt | None = None
+    rx_dropped: NonNegInt | None = None
+    tx_dropped: NonNegInt | None = None
+    rx_errors: NonNegInt | None = None
+    tx_errors: NonNegInt | None = None
+    rx_pause: NonNegInt | None = None
+    """Pause frames received (all priorities); null when the NIC exposes no counter."""
+    tx_pause: NonNegInt | None = None
+    """Pause frames sent (all priorities); null when the NIC exposes no counter."""
+    pause: dict[str, NonNegInt] = {}
+    """The NIC's pause counters by their ethtool names (``rx_prio3_pause``, ...)."""
+    tc_classes: tuple[TcClassStats, ...] = ()
 
 
 class CollectorRun(Record, frozen=True):
@@ -214,7 +294,15 @@ class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
     smart: tuple[SmartDevice, ...] = ()
     bmc: tuple[BmcReading, ...] = ()
     gpu: tuple[GpuDevice, ...] = ()
+    net: tuple[NetInterface, ...] = ()
     collectors: tuple[CollectorRun, ...] = ()
     errors: tuple[CollectorError, ...] = ()
     spool_dropped: NonNegInt = 0
     """Batches or events dropped from the full outage spool since the last batch."""
+    out_of_band: bool = False
+    """Read from the node's BMC by a bmc-proxy, not sent by the node itself: ``bmc``
+    holds the reading, the in-band fields are empty, ``seq`` is the proxy's own series
+    (docs/bmc.md).  Not a sign of life of the node's OS."""
+    topology: NodeTopology | None = None
+    """The node's place and capacity from its ``[node]`` config (docs/scheduler.md);
+    ``None`` when it configures none."""

@@ -7,6 +7,12 @@ command -v smartctl >/dev/null 2>&1 || want+=(smartmontools)
 
 command -v systemd-analyze >/dev/null 2>&1 || want+=(systemd)
 command -v ip >/dev/null 2>&1 || want+=(iproute2)
+{ ldconfig -p 2>/dev/null | grep -q 'libudev\.so\.1 '; } || want+=(libudev1)  # pyudev
+command -v ethtool >/dev/null 2>&1 || want+=(ethtool)
+command -v ipmitool >/dev/null 2>&1 || want+=(ipmitool)  # bmc ipmi collector
+command -v ipmi_sim >/dev/null 2>&1 || want+=(openipmi)  # BMC simulator (ipmi_sim, sdrcomp)
+command -v ipmi-sensors >/dev/null 2>&1 || want+=(freeipmi-tools)  # bmc ipmi, freeipmi profile
+command -v openssl >/dev/null 2>&1 || want+=(openssl)  # redfish emulator certificate
 [ ${#want[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "ensure-tools: not root or no apt-get; tests needing ${want[*]} will skip" >&2

@@ -8,7 +8,8 @@ BMC: that is a reading with ``reachable=False`` and a ``message`` saying why.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Protocol
+import importlib
+from typing import Annotated, Final, Literal, Protocol
 
 import msgspec
 
@@ -37,11 +38,25 @@ class BmcTarget(ConfigSection, frozen=True):
     verify_tls: bool = True
     """Redfish only: verify the BMC's certificate (on by default)."""
 
+    def __post_init__(self) -> None:
+        self.region_cluster_node()
+        if not self.address.strip():
+            raise ValueError("address: empty")
+        if self.protocol == "snmp":
+            from agent.bmc.snmp_profiles import PROFILES
+
+            if self.profile and self.profile not in PROFILES:
+                raise ValueError(
+                    f"profile: unknown SNMP profile {self.profile!r} (known: {', '.join(PROFILES)})"
+                )
+            if not self.community and not self.credentials:
+                raise ValueError("snmp needs `community` (v2c) or `credentials` (v3)")
+
     def region_cluster_node(self) -> tuple[str, str, str]:
         """Split ``node`` into its three tokens; raise ValueError when it has not three."""
         parts = self.node.split(".")
         if len(parts) != 3 or not all(parts):
-            raise ValueError(f"bmc.node: {self.node!r} is not REGION.CLUSTER.NODE")
+            raise ValueError(f"node: {self.node!r} is not REGION.CLUSTER.NODE")
         return parts[0], parts[1], parts[2]
 
     def host_port(self, default_port: int) -> tuple[str, int]:
@@ -56,3 +71,49 @@ class BmcReader(Protocol):
     """Reads one target; unreachable is a reading (``reachable=False``), never a raise."""
 
     async def __call__(self, target: BmcTarget) -> BmcReading: ...
+
+
+READERS: Final[dict[str, str]] = {
+    "snmp": "agent.bmc.snmp",
+    "redfish": "agent.bmc.redfish",
+    "ipmi": "agent.bmc.ipmi",
+}
+"""Protocol -> the module whose ``read_bmc`` reads it (imported when first needed)."""
+
+UNAVAILABLE: Final = "protocol not available"
+
+
+def unreachable(target: BmcTarget, message: str) -> BmcReading:
+    """The reading of a target that could not be read."""
+    return BmcReading(node=target.node, source=target.protocol, reachable=False, message=message)
+
+
+def reader_for(protocol: str) -> BmcReader | None:
+    """The ``read_bmc`` coroutine of the protocol's module; None when not installed."""
+    module_name = READERS.get(protocol)
+    if module_name is None:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    reader: BmcReader | None = getattr(module, "read_bmc", None)
+    return reader
+
+
+async def read_target(target: BmcTarget) -> BmcReading:
+    """Read one target with its protocol's reader; never raises for a BMC's failure.
+
+    A protocol whose module is missing reads ``reachable=False``, ``protocol not
+    available``; a reader that raises anyway reads ``reachable=False`` with the error.
+    """
+    reader = reader_for(target.protocol)
+    if reader is None:
+        return unreachable(target, UNAVAILABLE)
+    try:
+        reading = await reader(target)
+    except Exception as exc:  # a reader's bug must not stop the other targets
+        return unreachable(target, f"{type(exc).__name__}: {exc}")
+    if reading.node != target.node:
+        reading = msgspec.structs.replace(reading, node=target.node)
+    return reading

@@ -18,7 +18,7 @@ from proto.telemetry import CollectorError, CollectorRun
 
 log = logging.getLogger(__name__)
 
-BatchField = Literal["edac", "pcie", "hwmon", "smart", "bmc", "gpu"]
+BatchField = Literal["edac", "pcie", "hwmon", "smart", "bmc", "gpu", "net"]
 """The TelemetryBatch field a collector fills."""
 
 Clock = Callable[[], float]

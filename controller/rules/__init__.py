@@ -6,17 +6,25 @@ the counters whose history the rules read.
 
 from __future__ import annotations
 
-from controller.rules import bmc, cooling, disks, memory, pcie, pipeline
+from controller.rules import bmc, cooling, disks, gpu, memory, network, pcie, pipeline
 from controller.rules.base import Context, CounterSource, Finding, Rule
 
 RULES: tuple[Rule, ...] = (
     *memory.RULES,
     *pcie.RULES,
     *disks.RULES,
+    *gpu.RULES,
     *cooling.RULES,
     *bmc.RULES,
+    *network.RULES,
     *pipeline.RULES,
 )
-COUNTER_SOURCES: tuple[CounterSource, ...] = (memory.counters, pcie.counters, disks.counters)
+COUNTER_SOURCES: tuple[CounterSource, ...] = (
+    memory.counters,
+    pcie.counters,
+    disks.counters,
+    gpu.counters,
+    network.counters,
+)
 
 __all__ = ["COUNTER_SOURCES", "RULES", "Context", "CounterSource", "Finding", "Rule"]

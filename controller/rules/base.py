@@ -51,6 +51,18 @@ class Context:
 Rule = Callable[[Context], Iterable[Finding]]
 CounterSource = Callable[[TelemetryBatch], Iterable[tuple[str, int]]]
 
+GROWTH_ONLY_RULES: set[Rule] = set()
+"""Rules marked with :func:`growth_only`."""
+
+
+def growth_only(rule: Rule) -> Rule:
+    """Mark a rule that finds nothing unless a counter it reads grew, or reset, within its
+    window (it reads only ``ctx.signals``' growth): the scorer skips it for a node whose
+    counters are all quiet (tests/unit/test_scoring_fast_path.py holds every marked rule to
+    it)."""
+    GROWTH_ONLY_RULES.add(rule)
+    return rule
+
 
 def finding(
     rule: str,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from controller.rules.base import Context, Finding, flagged, plural, rate_finding
+from controller.rules.base import Context, Finding, flagged, growth_only, plural, rate_finding
 from proto.telemetry import EdacController, TelemetryBatch
 
 
@@ -40,6 +40,7 @@ def ecc_uncorrectable(ctx: Context) -> Iterator[Finding]:
                 )
 
 
+@growth_only
 def ecc_correctable_rate(ctx: Context) -> Iterator[Finding]:
     """Correctable ECC errors per hour per DIMM over the rule's window."""
     rule = ctx.rules.ecc_correctable_rate

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Literal
 
-from controller.rules.base import Context, Finding, flagged, plural, rate_finding
+from controller.rules.base import Context, Finding, flagged, growth_only, plural, rate_finding
 from controller.scoring_config import ThresholdRule
 from proto.telemetry import PcieDevice, TelemetryBatch
 
@@ -40,6 +40,8 @@ def _uncorrectable(
         if dev.aer is None:
             continue
         counts = dev.aer.fatal if kind == "fatal" else dev.aer.nonfatal
+        if not any(counts.values()):
+            continue  # the usual case, checked cheaply
         named = {name: n for name, n in counts.items() if n and not _is_total(name)}
         count = max(counts.get(f"{TOTAL_PREFIX}{kind.upper()}", 0), sum(named.values()))
         if count > 0 and count >= rule.threshold:
@@ -56,6 +58,7 @@ def _uncorrectable(
             )
 
 
+@growth_only
 def aer_correctable_rate(ctx: Context) -> Iterator[Finding]:
     """Correctable AER errors per hour per device over the rule's window."""
     rule = ctx.rules.aer_correctable_rate
@@ -100,6 +103,7 @@ def link_downgrade(ctx: Context) -> Iterator[Finding]:
         )
 
 
+@growth_only
 def link_retrains(ctx: Context) -> Iterator[Finding]:
     """Link state changes (downgrades and recoveries) within the rule's window."""
     rule = ctx.rules.link_retrains

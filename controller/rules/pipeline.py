@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from controller.rules.base import Context, Finding, flagged
+from controller.rules.base import Context, Finding, flagged, growth_only
 
 RESET_KEYS_LISTED = 5
 """How many reset counters a counter_reset message names before ``...``."""
@@ -30,6 +30,7 @@ def collector_failed(ctx: Context) -> Iterator[Finding]:
         )
 
 
+@growth_only
 def counter_reset(ctx: Context) -> Iterator[Finding]:
     """Counters that dropped in this batch (reboot, driver reload): a note by default."""
     rule = ctx.rules.counter_reset

@@ -22,7 +22,7 @@ from proto.codec import decode, encode
 from proto.events import ControllerEvent, NodeEvent
 from proto.nodes import NodeRecord
 from proto.subjects import Subjects
-from proto.telemetry import TelemetryBatch
+from proto.telemetry import BmcReading, TelemetryBatch
 from tests.clock import T0, ManualClock
 from tests.unit.scoring_helpers import DIMM_LABEL, dimm_mc
 from tests.waiting import wait_for_line, wait_for_value
@@ -336,3 +336,92 @@ async def test_a_second_writer_decides_again_from_the_stored_state(env: Env) -> 
     assert two.store.records["r1.c1.n1"] == one.store.records["r1.c1.n1"]
     for c in (one, two):
         await c.stop()
+
+
+async def stored_record(env: Env, handle: str) -> NodeRecord:
+    kv = await env.js.key_value(env.subjects.bucket("nodes"))
+    return decode((await kv.get(handle)).value or b"", NodeRecord)
+
+
+async def test_steady_batches_write_liveness_lazily_and_decisions_at_once(env: Env) -> None:
+    clock = ManualClock()
+    controller = await new_controller(env, clock)
+    await feed(controller, clock, [batch("n1", 1), batch("n1", 2), batch("n1", 3)])
+    assert controller.store.records["r1.c1.n1"].last_seq == 3
+    assert (await stored_record(env, "r1.c1.n1")).last_seq == 1  # steady: not written yet
+    assert controller.store.unwritten == {"r1.c1.n1"}
+
+    assert await controller.flush_liveness() == 1
+    assert (await stored_record(env, "r1.c1.n1")).last_seq == 3
+    assert await controller.flush_liveness() == 0  # nothing newer
+
+    await feed(controller, clock, [batch("n1", 4), batch("n1", 5, ue=1)])  # a decision
+    stored = await stored_record(env, "r1.c1.n1")
+    assert (stored.grade, stored.last_seq) == ("FAILING", 5)  # written at once, liveness too
+    assert controller.store.unwritten == frozenset()
+
+    await feed(controller, clock, [batch("n1", 6, ue=1)])
+    await controller.stop()  # a clean stop writes what is left
+    assert (await stored_record(env, "r1.c1.n1")).last_seq == 6
+
+
+async def test_a_restarted_controller_counts_silence_from_its_start(env: Env) -> None:
+    clock = ManualClock()
+    first = await new_controller(env, clock)
+    await feed(first, clock, [batch("n1", 1)])
+    await first.stop()
+
+    clock.now += 100 * INTERVAL  # the controller was down a long time
+    second = await new_controller(env, clock)
+    assert await second.check_silence() == ()  # its batches may still be in the stream
+    clock.now += 3 * INTERVAL + 1
+    (event,) = await second.check_silence()
+    assert (event.kind, event.node) == ("node.unreachable", node("n1"))
+    await second.stop()
+
+
+def oob(name: str, seq: int, power: str, health: str = "ok") -> TelemetryBatch:
+    """What a bmc-proxy publishes for ``name`` (its own seq, the BMC's reading)."""
+    reading = BmcReading(source="redfish", reachable=True, power_state=power, health=health)
+    return TelemetryBatch(
+        node=node(name),
+        seq=seq,
+        ts=T0 + seq * INTERVAL,
+        interval_s=INTERVAL,
+        bmc=(reading,),
+        out_of_band=True,
+    )
+
+
+async def test_out_of_band_batches_are_no_sign_of_life_but_speak_in_silence(env: Env) -> None:
+    clock = ManualClock()
+    controller = await new_controller(env, clock)
+    await feed(controller, clock, [batch("n1", 1), batch("n2", 1), batch("n3", 1)])
+    # the proxy keeps reporting the BMCs while the nodes' own agents fall silent
+    for seq in (2, 3, 4):
+        clock.now = T0 + seq * INTERVAL + 0.1
+        await controller.on_batch(oob("n1", seq, "off"), clock.now)
+        await controller.on_batch(oob("n2", seq, "on", health="critical"), clock.now)
+    assert controller.store.records["r1.c1.n1"].last_seq == 1  # not taken as the node's batch
+    clock.now = T0 + 4 * INTERVAL + 1
+    announced = {e.node.node: e for e in await controller.check_silence() if e.node}
+    assert set(announced) == {"n1", "n2", "n3"}
+    assert all(e.kind == "node.unreachable" for e in announced.values())
+    assert "powered off" in announced["n1"].message
+    assert announced["n1"].attributes["bmc_power_on"] is False
+    assert "powered on" in announced["n2"].message
+    assert "health critical" in announced["n2"].message
+    assert "no out-of-band reading" in announced["n3"].message
+    await controller.stop()
+
+
+async def test_out_of_band_bmc_readings_join_the_nodes_next_batch(env: Env) -> None:
+    clock = ManualClock()
+    controller = await new_controller(env, clock)
+    await feed(controller, clock, [batch("n1", 1)])
+    clock.now = T0 + 1.5 * INTERVAL
+    await controller.on_batch(oob("n1", 7, "on", health="critical"), clock.now)
+    await feed(controller, clock, [batch("n1", 2)])
+    record = controller.store.records["r1.c1.n1"]
+    assert [r.rule for r in record.reasons] == ["bmc_health"]
+    assert record.score < 100

@@ -117,3 +117,22 @@ def test_ingest_bench_quick_prints_figures() -> None:
     assert row, out
     assert row.group(1) == row.group(2) == "20", "every failing node isolated"
     assert re.search(r"^p99 fault-to-isolation = [\d.]+ s \(goal <= 1 s: (met|missed)\)", out, re.M)
+
+
+def test_bmc_proxy_bench_quick_prints_figures() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH.parent / "bmc_proxy_bench.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"^20 simulated SNMP v2c BMCs", out, re.M), out
+    rate = re.search(r"^targets/s:\s+([\d.]+) \((\d+) unreachable readings\)", out, re.M)
+    assert rate, out
+    assert float(rate.group(1)) > 0
+    assert rate.group(2) == "0"
+    assert re.search(r"^agent CPU:\s+\d+% of one core", out, re.M)
+    assert re.search(r"^agent RSS:\s+[\d.]+ MiB \(peak [\d.]+ MiB\)", out, re.M)

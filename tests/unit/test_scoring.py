@@ -24,6 +24,8 @@ from tests.unit.scoring_helpers import (
     run,
     temp,
 )
+from tests.unit.test_rules_gpu import GPU_CASES
+from tests.unit.test_rules_network import NETWORK_CASES
 
 
 class Case(NamedTuple):
@@ -260,6 +262,8 @@ CASES: list[Case] = [
     Case("a counter drops", two(ce(50), ce(3)), "counter_reset", "info"),
     Case("a counter stays", two(ce(50), ce(50)), "counter_reset", None),
 ]
+CASES += [Case(*c) for c in NETWORK_CASES]  # the network rules' table lives with them
+CASES += [Case(*c) for c in GPU_CASES]  # and the GPU rules' too
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
