@@ -6,7 +6,7 @@ from typing import Any
 
 from agent.collection import CycleResult
 from proto.base import NodeIdentity
-from proto.telemetry import TelemetryBatch
+from proto.telemetry import QosInterfaceStatus, TelemetryBatch
 
 
 def build_batch(
@@ -18,8 +18,9 @@ def build_batch(
     started_ts: float | None = None,
     interval_s: float = 0.0,
     spool_dropped: int = 0,
+    qos: tuple[QosInterfaceStatus, ...] = (),
 ) -> TelemetryBatch:
-    """The batch of one cycle."""
+    """The batch of one cycle (``qos``: the QoS reconciler's last verdicts)."""
     readings: dict[str, Any] = {str(k): v for k, v in cycle.readings.items()}
     return TelemetryBatch(
         node=node,
@@ -30,5 +31,6 @@ def build_batch(
         collectors=cycle.runs,
         errors=cycle.errors,
         spool_dropped=spool_dropped,
+        qos=qos,
         **readings,
     )

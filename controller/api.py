@@ -35,6 +35,7 @@ from proto.events import ControllerEvent
 from proto.nodes import GRADES, NodeRecord
 
 if TYPE_CHECKING:
+    from controller.api_jobs import JobsView
     from controller.qos import QosStore
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,10 @@ class ControllerView(Protocol):
 
     def recent_signals(self, handle: str) -> NodeSignals | None:
         """The node's scoring history (counter samples), if any."""
+        ...
+
+    def recent_readings(self, handle: str) -> dict[str, Any]:
+        """Latest readings beside the record: ``qos`` verdicts, the ``bmc`` word."""
         ...
 
 
@@ -165,6 +170,7 @@ def make_app(
     event_queue_size: int = 1000,
     qos: QosStore | None = None,
     clock: Callable[[], float] = time.time,
+    jobs: JobsView | None = None,
 ) -> web.Application:
     """The API app; ``registry`` (ingest's metrics) is exposed with the grade counts;
     ``qos`` (the MG_QOS profiles) adds the ``/v1/qos`` routes (controller/api_qos.py)."""
@@ -188,6 +194,10 @@ def make_app(
         from controller.api_qos import add_qos_routes  # it imports this module
 
         add_qos_routes(app, qos)
+    if jobs is not None:  # the job manager: /v1/jobs (controller/api_jobs.py)
+        from controller.api_jobs import add_jobs_routes  # it imports this module
+
+        add_jobs_routes(app, jobs)
     return app
 
 
@@ -230,8 +240,9 @@ async def list_nodes(request: web.Request) -> web.Response:
 
 
 async def get_node(request: web.Request) -> web.Response:
-    """One node's full record (score, grade, reasons, operator state, grade history) and
-    its recent signals: each counter's samples ``[ts, value]`` and resets."""
+    """One node's full record (score, grade, reasons, operator state, grade history), its
+    recent signals (each counter's samples ``[ts, value]`` and resets), the QoS verdicts
+    of its newest batch and its BMC's newest out-of-band word."""
     request.app[TOKENS].check(request, admin=False)
     view = request.app[VIEW]
     handle, record = _lookup(view.store.records, request.match_info["node"])
@@ -240,7 +251,8 @@ async def get_node(request: web.Request) -> web.Response:
         key: {"samples": [list(s) for s in h.samples], "resets": h.resets}
         for key, h in (history.counters.items() if history else ())
     }
-    return web.json_response({"handle": handle, "record": to_builtins(record), "signals": signals})
+    body = {"handle": handle, "record": to_builtins(record), "signals": signals}
+    return web.json_response(body | view.recent_readings(handle))
 
 
 async def act(request: web.Request) -> web.Response:

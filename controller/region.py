@@ -21,7 +21,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
+import msgspec
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
@@ -45,7 +47,7 @@ from proto.codec import encode
 from proto.events import ControllerEvent, NodeEvent
 from proto.nodes import NodeRecord
 from proto.subjects import Subjects
-from proto.telemetry import TelemetryBatch
+from proto.telemetry import QosInterfaceStatus, TelemetryBatch
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,8 @@ class RegionController:
         self._started_ts: float | None = None
         self._bmc: dict[str, BmcWord] = {}
         """The newest out-of-band batch of each node, by handle."""
+        self._qos: dict[str, tuple[QosInterfaceStatus, ...]] = {}
+        """The QoS verdicts of each node's newest batch, by handle."""
         self._signals: dict[str, NodeSignals] = {}
         self._locks: dict[ClusterKey, asyncio.Lock] = {}
         self._flush_lock = asyncio.Lock()
@@ -112,6 +116,7 @@ class RegionController:
             self._bmc[handle] = BmcWord(received_ts, batch)
             return
         batch = with_bmc(batch, self._bmc.get(handle), received_ts)
+        self._qos[handle] = batch.qos
         previous = self._signals.get(handle) or self.store.signals.get(handle)
         signals, assessment = assess(previous, batch, self._scoring)
         self._signals[handle] = signals
@@ -138,6 +143,20 @@ class RegionController:
     def recent_signals(self, handle: str) -> NodeSignals | None:
         """A node's scoring history: counter samples behind its rates (for the API)."""
         return self._signals.get(handle) or self.store.signals.get(handle)
+
+    def recent_readings(self, handle: str) -> dict[str, Any]:
+        """What the node page shows beside the record: the QoS verdicts of the node's
+        newest batch and its BMC's newest out-of-band word (empty when none)."""
+        out: dict[str, Any] = {"qos": [msgspec.to_builtins(q) for q in self._qos.get(handle, ())]}
+        word = self._bmc.get(handle)
+        if word is not None:
+            out["bmc"] = {
+                "received_ts": word.received_ts,
+                "power_on": word.power_on,
+                "health": word.health,
+                "readings": msgspec.to_builtins(word.batch.bmc),
+            }
+        return out
 
     # --- operators and time ---------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
@@ -14,6 +15,7 @@ from nats.aio.client import Client
 
 from controller.api import HUB, make_app
 from proto.subjects import Subjects
+from proto.telemetry import BmcReading, QosInterfaceStatus
 from tests.integration.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
 from tests.waiting import wait_until
 
@@ -106,6 +108,26 @@ async def test_node_by_handle_name_unknown_ambiguous(client: TestClient[Any, Any
     error = await error_of(await client.get("/v1/nodes/n1", headers=READ), 409)
     assert "r1.c1.n1" in error["message"]
     assert "r1.c2.n1" in error["message"]
+
+
+async def test_node_page_shows_qos_verdicts_and_the_bmc_word(
+    client: TestClient[Any, Any], env: ApiEnv
+) -> None:
+    plain = await (await client.get("/v1/nodes/r1.c1.n2", headers=READ)).json()
+    assert plain["qos"] == []
+    assert "bmc" not in plain
+    word = BmcReading(source="redfish", reachable=True, power_state="on", health="warning")
+    env.clock.now = FLEET[1].ts + 1
+    oob = msgspec.structs.replace(FLEET[1], seq=99, bmc=(word,), out_of_band=True)
+    await env.controller.on_batch(oob, env.clock.now)
+    verdict = QosInterfaceStatus(interface="ens1f0", version=3, status="drift", reasons=("x",))
+    await env.feed(msgspec.structs.replace(FLEET[1], seq=2, ts=FLEET[1].ts + 5, qos=(verdict,)))
+    body = await (await client.get("/v1/nodes/r1.c1.n2", headers=READ)).json()
+    assert body["qos"] == [
+        {"interface": "ens1f0", "version": 3, "status": "drift", "reasons": ["x"]}
+    ]
+    assert (body["bmc"]["power_on"], body["bmc"]["health"]) == (True, "warning")
+    assert body["record"]["last_seq"] == 2  # the out-of-band batch is no sign of life
 
 
 async def test_unknown_route_is_json_404(client: TestClient[Any, Any]) -> None:
@@ -265,7 +287,8 @@ async def test_bad_event_query_is_400(client: TestClient[Any, Any]) -> None:
     error = await error_of(await client.get("/v1/events?until=3", headers=READ), 400)
     assert "until" in error["message"]
     error = await error_of(await client.get("/v1/events?since=yesterday", headers=READ), 400)
-    assert "'yesterday'" in error["message"] and "duration" in error["message"]
+    assert "'yesterday'" in error["message"]
+    assert "duration" in error["message"]
     error = await error_of(await client.get("/v1/events?since=2026-11-29T10:00", headers=READ), 400)
     assert "time zone" in error["message"]
     bad_id = {**READ, "Last-Event-ID": "r1.c1.n3:node.isolated:b2"}
@@ -361,6 +384,9 @@ class BrokenView:
     def recent_signals(self, handle: str) -> Any:
         raise AssertionError("not reached")
 
+    def recent_readings(self, handle: str) -> Any:
+        raise AssertionError("not reached")
+
 
 async def test_an_unexpected_error_is_a_bare_500(
     env: ApiEnv, caplog: pytest.LogCaptureFixture
@@ -396,13 +422,16 @@ async def test_event_history_as_json(client: TestClient[Any, Any], env: ApiEnv) 
         ("node.cordoned", "n1"),
     ]
     seqs = [e["seq"] for e in everything["events"]]
-    assert seqs == sorted(seqs) and everything["last_seq"] == seqs[-1]
+    assert seqs == sorted(seqs)
+    assert everything["last_seq"] == seqs[-1]
     assert everything["more"] is False
 
     page = await history("since=all&limit=2")
-    assert [e["seq"] for e in page["events"]] == seqs[:2] and page["more"] is True
+    assert [e["seq"] for e in page["events"]] == seqs[:2]
+    assert page["more"] is True
     rest = await history(f"after={page['last_seq']}")
-    assert [e["seq"] for e in rest["events"]] == seqs[2:] and rest["more"] is False
+    assert [e["seq"] for e in rest["events"]] == seqs[2:]
+    assert rest["more"] is False
 
     assert [e["kind"] for e in (await history("kind=node.isolated"))["events"]] == [
         "node.isolated"

@@ -227,7 +227,9 @@ async def test_events_past_without_follow(api: Api) -> None:
     (only,) = [json.loads(ln) for ln in r.out.strip().splitlines()]
     assert (only["kind"], only["node"]["node"]) == ("node.cordoned", "n2")
     r = await cli(api, "events", "--since", "last tuesday")
-    assert r.code == 2 and "duration" in r.err and "Traceback" not in r.err
+    assert r.code == 2
+    assert "duration" in r.err
+    assert "Traceback" not in r.err
 
 
 def free_port() -> int:

@@ -24,6 +24,7 @@ from controller.qos import QosStore
 from proto.codec import decode
 from proto.events import NodeEvent
 from proto.subjects import Subjects
+from proto.telemetry import QosInterfaceStatus, TelemetryBatch
 from tests.integration.agent_proc import FIXTURE_SYSFS
 from tests.integration.api_env import ADMIN_TOKEN, READ_TOKEN, api_env
 from tests.integration.test_qos_netns import (
@@ -35,6 +36,7 @@ from tests.integration.test_qos_netns import (
     send,
     veth_pair,
 )
+from tests.waiting import wait_until
 
 pytestmark = needs_root
 
@@ -130,6 +132,12 @@ async def test_profile_through_the_api_is_applied_kept_and_guarded(
     events = Events()
     prefix_events = subjects.node_event("r1", "c1", "n1", "x").rsplit(".", 1)[0] + ".>"
     sub = await nc.subscribe(prefix_events, cb=events.on_msg)
+    batches: list[TelemetryBatch] = []
+
+    async def on_batch(msg: Msg) -> None:
+        batches.append(decode(msg.data, TelemetryBatch))
+
+    tel = await nc.subscribe(subjects.telemetry("r1", "c1", "n1"), cb=on_batch)
     store = await QosStore.open(nc.jetstream(timeout=5), subjects)
     config_path = tmp_path / "agent.toml"
     config_path.write_text(agent_config(nats_url, subjects.prefix, pair, tmp_path / "spool"))
@@ -146,10 +154,26 @@ async def test_profile_through_the_api_is_applied_kept_and_guarded(
             )
             async with TestClient(TestServer(app)) as client:
                 await _scenario(client, pair, events)
+
+        # The reconciler's verdict also rides in the node's telemetry.
+        def verdict() -> QosInterfaceStatus | None:
+            for batch in reversed(batches):
+                for status in batch.qos:
+                    if status.interface == pair.if_a:
+                        return status
+            return None
+
+        await wait_until(lambda: verdict() is not None, 15, "a batch with the QoS verdict")
+        status = verdict()
+        assert status is not None
+        assert status.status in ("applied", "partial")
+        if status.status == "partial":
+            assert any("dcb" in r for r in status.reasons)
     finally:
         service.request_stop()
         await asyncio.wait_for(agent, 30)
         await sub.unsubscribe()
+        await tel.unsubscribe()
 
 
 async def _put(client: TestClient[Any, Any], path: str, body: str, status: int = 200) -> Any:
