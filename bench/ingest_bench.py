@@ -97,7 +97,8 @@ def node_name(i: int) -> str:
 
 def make_batch(cluster: str, node: str, seq: int, ue_dimm: int | None = None) -> TelemetryBatch:
     """A healthy node's cycle: 2 EDAC controllers x 4 DIMMs, 4 PCIe functions with AER
-    counter dicts, one hwmon chip with 4 fans and 4 temperatures, 4 collector runs.
+    counter dicts, one hwmon chip with 4 fans and 4 temperatures (jittering with ``seq``,
+    as real sensors do), 4 collector runs.
     ``ue_dimm``: that DIMM (0-7) reports one uncorrectable ECC error."""
     edac = tuple(
         EdacController(
@@ -141,17 +142,23 @@ def make_batch(cluster: str, node: str, seq: int, ue_dimm: int | None = None) ->
         HwmonChip(
             chip="platform_nct6775_656",
             name="nct6798",
-            fans=tuple(Fan(sensor=f"fan{i}", rpm=4200.0 + 10 * i, min_rpm=600.0) for i in range(4)),
+            fans=tuple(
+                Fan(sensor=f"fan{i}", rpm=4200.0 + 10 * i + (seq * 7 + i) % 50, min_rpm=600.0)
+                for i in range(4)
+            ),
             temps=tuple(
                 Temperature(
-                    sensor=f"temp{i}", celsius=45.0 + i, crit_celsius=95.0, max_celsius=85.0
+                    sensor=f"temp{i}",
+                    celsius=45.0 + i + 0.5 * ((seq + i) % 3),
+                    crit_celsius=95.0,
+                    max_celsius=85.0,
                 )
                 for i in range(4)
             ),
         ),
     )
     collectors = tuple(
-        CollectorRun(collector=c, duration_s=0.002, success=True)
+        CollectorRun(collector=c, duration_s=0.002 + 0.0001 * (seq % 5), success=True)
         for c in ("edac", "pcie", "hwmon", "smart")
     )
     now = time.time()

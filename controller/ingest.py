@@ -40,6 +40,7 @@ from proto.codec import CodecError, decode
 from proto.events import NodeEvent
 from proto.subjects import (
     NodeEventSubject,
+    ParsedSubject,
     SubjectError,
     Subjects,
     TelemetrySubject,
@@ -55,6 +56,8 @@ HDR_SEQ: Final = "Mg-Original-Seq"
 HDR_SENDER: Final = "Mg-Sender"
 HDR_REASON: Final = "Mg-Reason"
 _MAX_REASON = 512
+PARSED_SUBJECTS_KEPT: Final = 100_000
+"""Parsed subjects remembered (two per node); the memo is emptied when it is full."""
 
 __all__ = [
     "HDR_REASON",
@@ -126,6 +129,8 @@ class Ingest:
         self._decode_log = RateLimiter(settings.log_interval_s, clock)
         self._handler_log = RateLimiter(settings.log_interval_s, clock)
         self._fetch_log = RateLimiter(settings.log_interval_s, clock)
+        self._parsed: dict[str, ParsedSubject] = {}
+        """Parsed subjects by subject: a node's subjects repeat every batch."""
         self._dispatch: NodeDispatcher[_Item] = NodeDispatcher(
             self._serve,
             queue_size=settings.node_queue_size,
@@ -318,10 +323,15 @@ class Ingest:
         self, route: _Route, msg: Msg
     ) -> tuple[str, TelemetryBatch | NodeEvent] | _Bad | _Skip:
         """(node key, message), or why it is undecodable, or another shard's."""
-        try:
-            parsed = self._subjects.parse(msg.subject)
-        except SubjectError as exc:
-            return self._unowned_bad(f"bad subject: {exc}")
+        parsed = self._parsed.get(msg.subject)
+        if parsed is None:
+            try:
+                parsed = self._subjects.parse(msg.subject)
+            except SubjectError as exc:
+                return self._unowned_bad(f"bad subject: {exc}")
+            if len(self._parsed) >= PARSED_SUBJECTS_KEPT:
+                self._parsed.clear()
+            self._parsed[msg.subject] = parsed
         expected: type[TelemetryBatch] | type[NodeEvent]
         if route.kind is StreamKind.TELEMETRY and isinstance(parsed, TelemetrySubject):
             expected = TelemetryBatch

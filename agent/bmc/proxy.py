@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.backoff import Backoff, guarded_task
+from agent.bmc.commands import REMEDIABLE, BmcCommandService
+from agent.bmc.remediation import Remediator
 from agent.bmc.snmp import SnmpReader, ThreadedSnmpReader
 from agent.bmc.targets import BmcReader, BmcTarget, read_target
 from agent.config import AgentConfig
@@ -247,6 +249,10 @@ class BmcProxy:
             await asyncio.to_thread(self._own_reader.close)  # joins the SNMP thread
 
 
+REMEDIATION_LOG = "bmc-remediation.jsonl"
+"""Under ``spool.dir``: the outcomes of BMC commands, so a restart never acts twice."""
+
+
 def proxy_publisher(config: AgentConfig, name: str) -> OutOfBandPublisher:
     """The proxy's own publisher: its own connection and spool (``<spool.dir>/bmc-queue``)."""
     nats = config.nats
@@ -281,17 +287,36 @@ class ProxyService:
             interval_s=config.bmc_proxy.interval_s,
             concurrency=config.bmc_proxy.concurrency,
         )
+        self.commands: BmcCommandService | None = None
+        if any(t.protocol in REMEDIABLE for t in config.bmc):
+            store = Path(config.spool.dir) / REMEDIATION_LOG
+            self.commands = BmcCommandService(
+                config.bmc,
+                Remediator(store=store),
+                self.publisher.connection.settings,
+                Subjects(config.nats.prefix),
+            )
+        self._commands_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Connect (in the background if NATS is down) and start polling."""
+        """Connect (in the background if NATS is down), start polling and, for Redfish
+        and IPMI targets, answering the BMC remediation verbs (agent/bmc/commands.py)."""
         await self.publisher.start()
         self.proxy.start()
+        if self.commands is not None:
+            await self.commands.start()
+            self._commands_task = asyncio.create_task(self.commands.run(), name="bmc-commands")
 
     def reload(self, config: AgentConfig) -> None:
         """Take the new ``[[bmc]]`` list (interval and concurrency need a restart)."""
         self.proxy.set_targets(config.bmc)
 
     async def close(self, flush_timeout: float) -> None:
-        """Stop polling, flush or spool what is queued, disconnect."""
+        """Stop polling and answering, flush or spool what is queued, disconnect."""
+        if self._commands_task is not None:
+            self._commands_task.cancel()
+            await asyncio.gather(self._commands_task, return_exceptions=True)
+        if self.commands is not None:
+            await self.commands.close()
         await self.proxy.close()
         await self.publisher.close(flush_timeout=flush_timeout)
