@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -51,6 +52,10 @@ from proto.telemetry import QosInterfaceStatus, TelemetryBatch
 
 log = logging.getLogger(__name__)
 
+SCORE_POINTS_KEPT = 240
+"""Score points remembered per node (the node page's chart)."""
+SCORE_POINT_EVERY_S = 60.0
+"""A steady score gets a point this often; a changed score at once."""
 CONFLICT_RETRIES = 3
 """Rounds decided again after a compare-and-set conflict before giving up."""
 
@@ -98,6 +103,8 @@ class RegionController:
         """The newest out-of-band batch of each node, by handle."""
         self._qos: dict[str, tuple[QosInterfaceStatus, ...]] = {}
         """The QoS verdicts of each node's newest batch, by handle."""
+        self._scores: dict[str, deque[tuple[float, float]]] = {}
+        """Recent (time, score) points of each node, for the node page (in memory)."""
         self._signals: dict[str, NodeSignals] = {}
         self._locks: dict[ClusterKey, asyncio.Lock] = {}
         self._flush_lock = asyncio.Lock()
@@ -123,6 +130,7 @@ class RegionController:
         if assessment.history_changed and self._leading():
             await self.store.put_signals(handle, signals)
         item = batch_input(batch, assessment, received_ts)
+        self._keep_score(handle, received_ts, assessment.score)
 
         def round_() -> Outcome:
             return self._decide(item, received_ts)
@@ -144,10 +152,23 @@ class RegionController:
         """A node's scoring history: counter samples behind its rates (for the API)."""
         return self._signals.get(handle) or self.store.signals.get(handle)
 
+    def _keep_score(self, handle: str, ts: float, score: float) -> None:
+        """Remember the score for the node page's chart: a point when it changes, else
+        one every SCORE_POINT_EVERY_S (so a steady node costs a few points)."""
+        points = self._scores.get(handle)
+        if points is None:
+            points = self._scores[handle] = deque(maxlen=SCORE_POINTS_KEPT)
+        if points and points[-1][1] == score and ts - points[-1][0] < SCORE_POINT_EVERY_S:
+            return
+        points.append((ts, score))
+
     def recent_readings(self, handle: str) -> dict[str, Any]:
         """What the node page shows beside the record: the QoS verdicts of the node's
         newest batch and its BMC's newest out-of-band word (empty when none)."""
-        out: dict[str, Any] = {"qos": [msgspec.to_builtins(q) for q in self._qos.get(handle, ())]}
+        out: dict[str, Any] = {
+            "qos": [msgspec.to_builtins(q) for q in self._qos.get(handle, ())],
+            "scores": [list(point) for point in self._scores.get(handle, ())],
+        }
         word = self._bmc.get(handle)
         if word is not None:
             out["bmc"] = {
@@ -263,6 +284,7 @@ class RegionController:
         (each one's latency from ``received_ts`` observed once the stream has it)."""
         if not self._leading():
             return ()
+        published: list[str] = []
         async with self._lock((node.region, node.cluster)):
             for attempt in range(CONFLICT_RETRIES + 1):
                 outcome = round_()
@@ -276,10 +298,16 @@ class RegionController:
                     log.warning("%s; deciding again", exc)
                     continue
                 for event in outcome.events:
-                    if await self._publish(event):
+                    if await self._publish(event, drop=False):
                         self.metrics.observe(event.kind, self._clock() - received_ts)
-                return outcome.events
-        raise AssertionError("unreachable")
+                        published.append(event.event_id)
+                break
+        # Out of the lock: the cluster's next round need not wait for these deletes (an
+        # entry left by a crash here is published again at start, a duplicate the
+        # control stream drops).
+        for event_id in published:
+            await self.store.remove_pending(event_id)
+        return outcome.events
 
     def _decide_silence(self, records: Mapping[str, NodeRecord], now: float) -> Outcome:
         fresh = {h: w for h, w in self._bmc.items() if h in records and w.fresh(now)}
@@ -303,9 +331,9 @@ class RegionController:
         for state in outcome.rails.values():
             await self.store.put_rail(state)
 
-    async def _publish(self, event: ControllerEvent) -> bool:
-        """Publish one event with its id as message id; drop it from the outbox once acked.
-        Whether it was published now."""
+    async def _publish(self, event: ControllerEvent, *, drop: bool = True) -> bool:
+        """Publish one event with its id as message id; once acked, drop it from the
+        outbox (unless ``drop`` is false: the caller does). Whether it was published now."""
         if event.event_id not in self.store.outbox:
             return False
         subject = self._subjects.control(event.region, event.kind)
@@ -320,7 +348,8 @@ class RegionController:
             log.warning("publish of %s failed, kept in the outbox: %s", event.event_id, exc)
             return False
         log.info("%s %s", event.kind, event.event_id)
-        await self.store.remove_pending(event.event_id)
+        if drop:
+            await self.store.remove_pending(event.event_id)
         return True
 
     async def _silence_loop(self, interval_s: float) -> None:

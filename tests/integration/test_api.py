@@ -127,6 +127,8 @@ async def test_node_page_shows_qos_verdicts_and_the_bmc_word(
         {"interface": "ens1f0", "version": 3, "status": "drift", "reasons": ["x"]}
     ]
     assert (body["bmc"]["power_on"], body["bmc"]["health"]) == (True, "warning")
+    # the BMC's warning joined the second batch: the score dropped, a new point
+    assert [score for _, score in body["scores"]] == [100.0, 90.0]
     assert body["record"]["last_seq"] == 2  # the out-of-band batch is no sign of life
 
 
