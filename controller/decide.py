@@ -13,6 +13,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from msgspec.structs import replace
+
 from controller.lifecycle import (
     Decision,
     LifecycleConfig,
@@ -130,6 +132,45 @@ def event_input(
         reasons=(reason,),
     )
     return NodeInput(event.node, obs, f"e{event.event_id}")
+
+
+def steady(record: NodeRecord | None, item: NodeInput) -> NodeRecord | None:
+    """The record after ``item`` when it only continues a steady healthy node (same score
+    and reasons, nothing pending), else None and the full round decides.
+
+    Then :func:`decide` would change nothing but the record's liveness fields and
+    announce nothing (tests/unit/test_decide_steady.py holds it to that), so the region
+    controller skips the round. The cluster's rail state is not pruned here; the rail
+    prunes its window on every use.
+    """
+    obs = item.obs
+    if (
+        record is None
+        or record.grade != "HEALTHY"
+        or obs.grade != "HEALTHY"
+        or obs.fatal
+        or obs.running_jobs is not None
+        or record.cordoned
+        or record.maintenance
+        or record.held
+        or record.rail_flagged
+        or record.unreachable_from is not None
+        or record.clean_cycles
+        or record.isolations
+        or record.last_seen_ts is None
+        or obs.seq <= record.last_seq
+        or obs.score != record.score
+        or obs.reasons != record.reasons
+    ):
+        return None
+    return replace(
+        record,
+        last_seen_ts=obs.ts,
+        last_sent_ts=obs.sent_ts,
+        last_seq=obs.seq,
+        interval_s=obs.interval_s or record.interval_s,
+        updated_ts=obs.ts,
+    )
 
 
 def decide(

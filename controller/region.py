@@ -36,6 +36,7 @@ from controller.decide import (
     decide_operator,
     decide_silence,
     event_input,
+    steady,
 )
 from controller.decision_metrics import DecisionMetrics
 from controller.lifecycle import LifecycleConfig, OperatorAction
@@ -43,6 +44,7 @@ from controller.out_of_band import BmcWord, with_bmc
 from controller.scoring import NodeSignals, assess
 from controller.scoring_config import DEFAULT_SCORING, ScoringConfig
 from controller.state import ClusterKey, NodeStore, StoreConflictError, handle_of
+from controller.topology import TopologyView
 from proto.base import NodeIdentity
 from proto.codec import encode
 from proto.events import ControllerEvent, NodeEvent
@@ -83,6 +85,7 @@ class RegionController:
         metrics: DecisionMetrics | None = None,
         liveness_write_s: float = 10.0,
         leading: Callable[[], bool] = lambda: True,
+        topology: TopologyView | None = None,
     ) -> None:
         self._js = js
         self.store = store
@@ -110,6 +113,8 @@ class RegionController:
         self._flush_lock = asyncio.Lock()
         self._silence_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self.topology = topology or TopologyView()
+        """Each node's place and capacity, for the scheduler (docs/scheduler.md)."""
 
     # --- IngestHandler ------------------------------------------------------------------
 
@@ -122,6 +127,7 @@ class RegionController:
         if batch.out_of_band:
             self._bmc[handle] = BmcWord(received_ts, batch)
             return
+        self.topology.observe(handle, batch)
         batch = with_bmc(batch, self._bmc.get(handle), received_ts)
         self._qos[handle] = batch.qos
         previous = self._signals.get(handle) or self.store.signals.get(handle)
@@ -131,11 +137,26 @@ class RegionController:
             await self.store.put_signals(handle, signals)
         item = batch_input(batch, assessment, received_ts)
         self._keep_score(handle, received_ts, assessment.score)
+        if await self._steady(handle, item):
+            return
 
         def round_() -> Outcome:
             return self._decide(item, received_ts)
 
         await self._round(batch.node, round_, received_ts)
+
+    async def _steady(self, handle: str, item: NodeInput) -> bool:
+        """Take in a steady healthy node's batch without a round (controller.decide.steady:
+        only its liveness changes, written lazily); False when a round must decide."""
+        record = self.store.records.get(handle)
+        after = steady(record, item)
+        if after is None or not self._leading():
+            return False
+        async with self._lock((item.node.region, item.node.cluster)):
+            if self.store.records.get(handle) is not record:
+                return False  # changed while waiting for the lock: decide in full
+            await self.store.put_record(after)
+        return True
 
     async def on_node_event(self, event: NodeEvent, received_ts: float) -> None:
         """Act on a fatal NodeEvent at once, as a fatal assessment (other kinds: ignored)."""

@@ -8,7 +8,7 @@ the rules of its module read back through ``Context.signals``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -35,11 +35,11 @@ class Context:
     batch: TelemetryBatch
     signals: NodeSignals
     config: ScoringConfig
+    rules: Rules = field(init=False)
+    """The rules' settings (``config.rules``, looked up once: every rule reads it)."""
 
-    @property
-    def rules(self) -> Rules:
-        """The rules' settings."""
-        return self.config.rules
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rules", self.config.rules)
 
     @property
     def now(self) -> float:

@@ -20,14 +20,22 @@ UNSET_LIMIT_CELSIUS = 0.0
 def fans(ctx: Context) -> Iterator[Finding]:
     """Rules ``fan_stopped``, ``fan_below_min``, ``fan_alarm`` and ``fan_peer_outlier``."""
     rules = ctx.rules
-    readings = [
-        (f"{chip.chip} {fan.sensor}" + (f" {fan.label!r}" if fan.label else ""), fan)
-        for chip in ctx.batch.hwmon
-        for fan in chip.fans
-    ]
+    readings = [(chip.chip, fan) for chip in ctx.batch.hwmon for fan in chip.fans]
     spinning = [fan.rpm for _, fan in readings if fan.rpm is not None and fan.rpm > 0]
-    for name, fan in readings:
+    peer = rules.fan_peer_outlier
+    # A fan at or above ratio x the fastest one cannot be below ratio x any median.
+    peer_floor = peer.ratio * max(spinning) if spinning else 0.0
+    for chip, fan in readings:
         rpm, low = fan.rpm, fan.min_rpm
+        if (
+            rpm is not None
+            and rpm >= peer_floor
+            and not fan.alarm
+            and not (low and rpm < low)
+            and rpm > 0
+        ):
+            continue  # the usual case: nothing to find, no name to format
+        name = f"{chip} {fan.sensor}" + (f" {fan.label!r}" if fan.label else "")
         if rules.fan_stopped.enabled and rpm is not None and rpm <= 0:
             yield flagged(
                 "fan_stopped",
@@ -81,8 +89,12 @@ def _peer_outlier(
 
 def temperatures(ctx: Context) -> Iterator[Finding]:
     """Rules ``temp_critical``, ``temp_near_critical`` and ``temp_above_max``."""
+    margin = ctx.rules.temp_near_critical.margin_celsius
     for chip in ctx.batch.hwmon:
         for temp in chip.temps:
+            c, crit, high = temp.celsius, temp.crit_celsius, temp.max_celsius
+            if c is None or ((crit is None or c < crit - margin) and (high is None or c < high)):
+                continue  # the usual case: below every limit (unset ones included)
             name = f"{chip.chip} {temp.sensor}" + (f" {temp.label!r}" if temp.label else "")
             found = _temperature(ctx, name, temp)
             if found is not None:

@@ -18,6 +18,13 @@ from proto.telemetry import EdacController, TelemetryBatch
 def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
     """Correctable-error counters, one per DIMM (or the nearest level reported)."""
     for mc in batch.edac:
+        if mc.dimms and all(d.ce_count is not None for d in mc.dimms):
+            # the usual layout, without the subjects only findings need
+            prefix = f"edac.mc{mc.mc}"
+            yield from ((f"{prefix}.{d.name}.ce", d.ce_count or 0) for d in mc.dimms)
+            if mc.ce_noinfo_count is not None:
+                yield f"{prefix}.ce_noinfo", mc.ce_noinfo_count
+            continue
         for key, _subject, count in _correctable(mc):
             yield key, count
 
