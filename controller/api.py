@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controller.api_dashboard import add_dashboard_routes
 from controller.api_sse import (
     NEW_ONLY,
     EventFilter,
@@ -190,6 +191,7 @@ def make_app(
     app.router.add_post(f"/v1/nodes/{{node}}/{{action:{'|'.join(ACTIONS)}}}", act)
     app.router.add_get("/v1/events", events)
     app.router.add_get("/v1/events/history", event_history)
+    add_dashboard_routes(app)  # the fleet dashboard: /, /ui/ (controller/api_dashboard.py)
     if qos is not None:
         from controller.api_qos import add_qos_routes  # it imports this module
 
@@ -214,7 +216,7 @@ async def healthz(request: web.Request) -> web.Response:
     leader = request.app.get(LEADER)
     if leader is not None:
         status = leader.status()
-        body |= {k: status.get(k) for k in ("leading", "leader", "region", "self")}
+        body |= {k: status[k] for k in ("leading", "leader", "region", "self") if k in status}
     return web.json_response(body)
 
 
@@ -258,6 +260,14 @@ async def get_node(request: web.Request) -> web.Response:
 async def act(request: web.Request) -> web.Response:
     """An operator's cordon, uncordon or maintenance (admin token)."""
     request.app[TOKENS].check(request, admin=True)
+    leader = request.app.get(LEADER)
+    if leader is not None and not (status := leader.status()).get("leading", True):
+        where = status.get("leader") or "unknown (no leader right now)"
+        raise ApiError(
+            503,
+            "not_leader",
+            f"this controller follows; operator actions go to the leader: {where}",
+        )
     view = request.app[VIEW]
     handle, _ = _lookup(view.store.records, request.match_info["node"])
     reason, who = await _action_body(request)

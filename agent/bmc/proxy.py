@@ -266,6 +266,7 @@ def proxy_publisher(config: AgentConfig, name: str) -> OutOfBandPublisher:
             tls_ca=nats.tls_ca or None,
             tls_cert=nats.tls_cert or None,
             tls_key=nats.tls_key or None,
+            inbox_prefix=nats.inbox_prefix or None,
             connect_timeout_s=nats.connect_timeout_s,
             publish_timeout_s=nats.publish_timeout_s,
             reconnect_base_s=nats.reconnect_base_s,
