@@ -30,14 +30,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     from agent.cli import add_agent_parser
+    from controller.cli_creds import add_creds_parser
+    from controller.cli_jobs import add_jobs_parser
     from controller.cli_ops import add_ops_parsers
     from controller.cli_qos import add_qos_parser
 
     add_agent_parser(sub)
     _add_controller_parser(sub)
     add_ops_parsers(sub)
+    add_creds_parser(sub)
     add_qos_parser(sub)
+    add_jobs_parser(sub)
     _add_demo_parser(sub)
+    _add_slurm_bridge_parser(sub)
     return parser
 
 
@@ -50,6 +55,11 @@ def _add_controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentPars
     setup.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
     setup.add_argument("--prefix", default="mg", help="subject prefix (default: mg)")
     setup.add_argument("--replicas", type=int, default=1, help="stream replicas (R3 in production)")
+    setup.add_argument(
+        "--config",
+        help="take the server, prefix, credentials and TLS from this controller TOML's [nats] "
+        "(then --nats and --prefix are ignored)",
+    )
     setup.set_defaults(func=_run_controller_setup)
     run = ctl_sub.add_parser("run", help="run the region controller (until SIGTERM or SIGINT)")
     run.add_argument(
@@ -97,7 +107,21 @@ def _run_controller_setup(args: argparse.Namespace) -> int:
 
     from controller.setup import setup_streams
 
-    return asyncio.run(setup_streams(args.nats, args.prefix, args.replicas))
+    if not args.config:
+        return asyncio.run(setup_streams(args.nats, args.prefix, args.replicas))
+    from pathlib import Path
+
+    from controller.config import ConfigError, load_config
+    from controller.service import connect_options
+
+    try:
+        cfg = load_config(Path(args.config))
+        options = connect_options(cfg.nats)
+    except (ConfigError, ValueError) as exc:
+        print(f"metalguard: {exc}", file=sys.stderr)
+        return 2
+    options.pop("error_cb", None)
+    return asyncio.run(setup_streams("", cfg.nats.prefix, args.replicas, options))
 
 
 def _run_controller(args: argparse.Namespace) -> int:
@@ -107,6 +131,23 @@ def _run_controller(args: argparse.Namespace) -> int:
     from controller.service import run_controller
 
     return asyncio.run(run_controller(Path(args.config)))
+
+
+def _add_slurm_bridge_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bridge = sub.add_parser(
+        "slurm-bridge",
+        help="drive a Slurm cluster from the controller's decisions (docs/slurm.md)",
+    )
+    bridge.add_argument("--config", required=True, help="the bridge's TOML file (docs/slurm.md)")
+    bridge.set_defaults(func=_run_slurm_bridge)
+
+
+def _run_slurm_bridge(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from controller.slurm.service import run_bridge
+
+    return asyncio.run(run_bridge(Path(args.config)))
 
 
 def _run_demo(args: argparse.Namespace) -> int:

@@ -79,7 +79,13 @@ async def ensure_streams(
     subjects: Subjects = DEFAULT_SUBJECTS,
     settings: StreamSettings | None = None,
 ) -> None:
-    """Create (or update to the desired config) every stream and bucket; safe to repeat."""
+    """Create every missing stream and bucket; safe to repeat.
+
+    With ``settings`` (``metalguard controller setup``), existing streams are updated to
+    them too. Without (a controller starting), existing streams are left as they are: a
+    region set up with ``--replicas 3`` or longer retention keeps it.
+    """
+    update = settings is not None
     settings = settings or StreamSettings()
     for config in stream_configs(subjects, settings):
         try:
@@ -88,7 +94,8 @@ async def ensure_streams(
             await js.add_stream(config)
             log.info("created stream %s", config.name)
         else:
-            await js.update_stream(config)
+            if update:
+                await js.update_stream(config)
     for kv in bucket_configs(subjects, settings):
         try:
             await js.key_value(kv.bucket)

@@ -177,6 +177,20 @@ async def test_ensure_streams_creates_everything_and_is_idempotent(env: JetStrea
     assert leases.ttl == StreamSettings().lease_ttl_s
 
 
+async def test_a_starting_controller_keeps_what_setup_configured(env: JetStreamEnv) -> None:
+    """``controller setup`` settings (e.g. retention, replicas) survive ``controller run``'s
+    own ensure_streams, which passes none."""
+    js, s = env.js, env.subjects
+    longer = StreamSettings(control_max_age_s=90 * 86400.0)
+    await ensure_streams(js, s, longer)  # setup
+    await ensure_streams(js, s)  # a controller starting
+    info = await js.stream_info(s.stream_control)
+    assert info.config.max_age == longer.control_max_age_s
+    await ensure_streams(js, s, StreamSettings())  # setup again, with the defaults
+    info = await js.stream_info(s.stream_control)
+    assert info.config.max_age == StreamSettings().control_max_age_s
+
+
 async def test_streams_are_removed_by_the_fixture(nc: Client) -> None:
     """The cleanup above really deletes (so it cannot hide leftovers between tests)."""
     js = nc.jetstream(timeout=5)
