@@ -8,6 +8,9 @@ A config error names the file, the key and the problem::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
+
+import msgspec
 
 from controller.lifecycle import LifecycleConfig
 from controller.scoring_config import (
@@ -16,6 +19,7 @@ from controller.scoring_config import (
     ScoringConfigError,
     load_scoring_config,
 )
+from controller.topology import TopologySection
 from proto.access import ConfigSection, NatsAccess, Seconds
 from proto.base import Token
 from proto.documents import DocumentError, decode_toml, read_text
@@ -67,6 +71,33 @@ class HaSection(_Section, frozen=True):
     """The leader steps down this long before the TTL after its last renewal."""
 
 
+class IngestSection(_Section, frozen=True):
+    """``[ingest]``: which of the region's nodes this process handles, and how it pulls
+    (docs/ingest.md). Without the section: every node of the region, the defaults."""
+
+    clusters: tuple[Token, ...] = ()
+    """The clusters this process owns (consumer filter subjects); empty: all. Processes
+    of one region must own disjoint sets that together cover it."""
+    shard_index: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    shard_count: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """Hash sharding by node: this process takes the nodes with
+    crc32(region.cluster.node) % shard_count == shard_index (both or neither)."""
+    fetch_batch: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 256
+    max_ack_pending: Annotated[int, msgspec.Meta(ge=1)] = 4096
+    node_queue_size: Annotated[int, msgspec.Meta(ge=1)] = 64
+    max_concurrent_nodes: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 64
+
+    def __post_init__(self) -> None:
+        if (self.shard_index is None) != (self.shard_count is None):
+            raise ValueError("shard_index and shard_count go together")
+        if (
+            self.shard_index is not None
+            and self.shard_count is not None
+            and self.shard_index >= self.shard_count
+        ):
+            raise ValueError("shard_index must be below shard_count")
+
+
 class ControllerConfig(_Section, frozen=True):
     """The whole file."""
 
@@ -80,6 +111,10 @@ class ControllerConfig(_Section, frozen=True):
     lifecycle: LifecycleConfig = LifecycleConfig()
     http: HttpSection | None = None
     ha: HaSection | None = None
+    ingest: IngestSection = IngestSection()
+    topology: TopologySection = TopologySection()
+    """``[topology]``: zones of clusters, per-rack and per-node overrides of what the
+    nodes report (docs/scheduler.md)."""
 
     def scoring_config(self, base: Path | None = None) -> ScoringConfig:
         """The scoring config (a relative path is read from ``base``); ConfigError if bad."""

@@ -53,6 +53,14 @@ class IngestSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
 
+    def owns(self, region: str, cluster: str, node: str) -> bool:
+        """Whether this process handles the node (its clusters and its hash shard)."""
+        if region != self.region or (self.clusters and cluster not in self.clusters):
+            return False
+        return self.shard is None or (
+            shard_of(node_key(region, cluster, node), self.shard[1]) == self.shard[0]
+        )
+
 
 class StreamKind(Enum):
     """The two streams ingest consumes."""

@@ -83,6 +83,7 @@ class RegionController:
         clock: Callable[[], float] = time.time,
         publish_timeout_s: float = 5.0,
         metrics: DecisionMetrics | None = None,
+        owns: Callable[[str, str, str], bool] | None = None,
         liveness_write_s: float = 10.0,
         leading: Callable[[], bool] = lambda: True,
         topology: TopologyView | None = None,
@@ -96,6 +97,9 @@ class RegionController:
         self._clock = clock
         self._publish_timeout_s = publish_timeout_s
         self.metrics = metrics or DecisionMetrics()
+        self._owns = owns
+        """Which nodes this process handles (``[ingest]`` clusters / shard): silence is
+        judged for those only; another process's nodes look silent from here."""
         self._liveness_write_s = liveness_write_s
         self._leading = leading
         """The HA gate (controller/leader.py): a follower decides nothing, writes nothing
@@ -331,6 +335,11 @@ class RegionController:
         return outcome.events
 
     def _decide_silence(self, records: Mapping[str, NodeRecord], now: float) -> Outcome:
+        if self._owns is not None:
+            owns = self._owns
+            records = {
+                h: r for h, r in records.items() if owns(r.node.region, r.node.cluster, r.node.node)
+            }
         fresh = {h: w for h, w in self._bmc.items() if h in records and w.fresh(now)}
         power = {h: on for h, w in fresh.items() if (on := w.power_on) is not None}
         return decide_silence(

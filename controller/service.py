@@ -23,8 +23,16 @@ from nats.js import JetStreamContext
 
 from controller.api_server import start_api
 from controller.api_sse import NatsEventSource
-from controller.config import ConfigError, ControllerConfig, NatsSection, load_config
+from controller.config import (
+    ConfigError,
+    ControllerConfig,
+    IngestSection,
+    NatsSection,
+    load_config,
+)
 from controller.ingest import Ingest, IngestSettings
+from controller.jobs import JobManager
+from controller.jobs_store import JobStore
 from controller.leader import Leadership, region_leadership
 from controller.qos import QosStore
 from controller.region import RegionController
@@ -66,20 +74,40 @@ async def _on_error(exc: Exception) -> None:
     log.warning("NATS: %s", exc or type(exc).__name__)
 
 
+def ingest_settings(
+    region: str, section: IngestSection | None = None, instance: str = ""
+) -> IngestSettings:
+    """The ingest settings of ``[ingest]`` for ``region``; an HA ``instance`` has consumers
+    of its own (every controller of the region sees every message)."""
+    section = section or IngestSection()
+    shard = None
+    if section.shard_index is not None and section.shard_count is not None:
+        shard = (section.shard_index, section.shard_count)
+    return IngestSettings(
+        region=region,
+        durable_prefix=f"mg-controller-{instance}" if instance else "mg-controller",
+        clusters=section.clusters,
+        shard=shard,
+        fetch_batch=section.fetch_batch,
+        max_ack_pending=section.max_ack_pending,
+        node_queue_size=section.node_queue_size,
+        max_concurrent_nodes=section.max_concurrent_nodes,
+    )
+
+
 def start_ingest(
     js: JetStreamContext,
     subjects: Subjects,
     region: str,
     handler: RegionController,
     instance: str = "",
+    settings: IngestSettings | None = None,
 ) -> Ingest:
-    """The ingest consumers for ``region``, feeding ``handler`` (not yet started); its
-    metrics registry also holds the handler's decision metrics.  An HA ``instance`` has
-    consumers of its own (every controller of the region sees every message)."""
+    """The ingest consumers for ``region`` (``settings``: from ``[ingest]``), feeding
+    ``handler`` (not yet started); its metrics registry also holds the handler's decision
+    metrics."""
     registry = handler.metrics.registry
-    settings = IngestSettings(region=region)
-    if instance:
-        settings = IngestSettings(region=region, durable_prefix=f"mg-controller-{instance}")
+    settings = settings or ingest_settings(region, instance=instance)
     return Ingest(js, subjects, settings, handler, registry=registry)
 
 
@@ -171,10 +199,13 @@ async def _serve(
     try:
         await ensure_streams(js, subjects)
         store = await NodeStore.open(js, subjects)
+        job_store = await JobStore.open(js, subjects)
         leadership = await start_leadership(js, subjects, cfg)
     except NatsError as exc:
         print(f"metalguard: JetStream setup failed: {exc}", file=sys.stderr)
         return 1
+    instance = cfg.ha.instance if cfg.ha is not None else ""
+    settings = ingest_settings(cfg.region, cfg.ingest, instance)
     controller = RegionController(
         js,
         store,
@@ -184,17 +215,27 @@ async def _serve(
         scoring,
         publish_timeout_s=cfg.nats.publish_timeout_s,
         leading=leadership.leading,
+        owns=settings.owns,
     )
     reload_on_election(leadership, js, subjects, controller)
-    instance = cfg.ha.instance if cfg.ha is not None else ""
-    ingest = start_ingest(js, subjects, cfg.region, controller, instance)
+    jobs = JobManager(  # docs/jobs.md
+        nc,
+        js,
+        job_store,
+        store,
+        subjects,
+        cfg.region,
+        fleet=controller.topology.fleet,
+        leading=leadership.leading,
+    )
+    ingest = start_ingest(js, subjects, cfg.region, controller, instance, settings)
     api = None
     if cfg.http is not None:
         source = NatsEventSource(nc, subjects, cfg.region)
         try:
             qos = await QosStore.open(js, subjects)
             api = await start_api(
-                cfg.http, controller, source, ingest.metrics.registry, qos, leadership
+                cfg.http, controller, source, ingest.metrics.registry, qos, leadership, jobs
             )
         except ConfigError as exc:
             print(f"metalguard: {exc}", file=sys.stderr)
@@ -209,6 +250,7 @@ async def _serve(
         await leadership.start()
         await controller.start(silence_interval_s=cfg.silence_check_s)
         await ingest.start()
+        await jobs.start()
         log.info("controller for region %s running: %d nodes known", cfg.region, len(store.records))
         await stop.wait()
         log.info("stopping")
@@ -218,6 +260,7 @@ async def _serve(
     finally:
         if api is not None:
             await api.cleanup()
+        await jobs.stop()
         await ingest.stop()
         await controller.stop()
         await leadership.stop()

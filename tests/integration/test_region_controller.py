@@ -425,3 +425,29 @@ async def test_out_of_band_bmc_readings_join_the_nodes_next_batch(env: Env) -> N
     record = controller.store.records["r1.c1.n1"]
     assert [r.rule for r in record.reasons] == ["bmc_health"]
     assert record.score < 100
+
+
+async def test_a_sharded_controller_judges_silence_of_its_own_nodes_only(env: Env) -> None:
+    """Two processes split a region by cluster ([ingest] clusters): each sees the other's
+    nodes in KV but never their batches, so it must not call them silent."""
+    clock = ManualClock()
+    first = await new_controller(env, clock)
+    other = TelemetryBatch(
+        node=NodeIdentity(region="r1", cluster="c2", node="m1"),
+        seq=1,
+        ts=T0 + INTERVAL,
+        interval_s=INTERVAL,
+    )
+    await feed(first, clock, [batch("n1", 1), other])
+    await first.stop()
+
+    store = await NodeStore.open(env.js, env.subjects)
+    owner_of_c1 = RegionController(
+        env.js, store, env.subjects, "r1", clock=clock, owns=lambda r, c, n: c == "c1"
+    )
+    await owner_of_c1.start()
+    clock.now += 10 * INTERVAL
+    announced = await owner_of_c1.check_silence()
+    assert [(e.kind, e.node) for e in announced] == [("node.unreachable", node("n1"))]
+    assert owner_of_c1.store.records["r1.c2.m1"].grade == "HEALTHY"  # not its node
+    await owner_of_c1.stop()

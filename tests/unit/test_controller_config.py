@@ -51,12 +51,39 @@ def test_the_example_file_parses() -> None:
         ),
         ('region = "r1"\nsilence_check_s = 0\n', "ctl.toml: silence_check_s: Expected `float` >="),
         ("region = \n", "ctl.toml: not valid TOML"),
+        ('region = "r1"\n[ingest]\nshard_index = 1\n', "ctl.toml: ingest: shard_index and"),
+        (
+            'region = "r1"\n[ingest]\nshard_index = 2\nshard_count = 2\n',
+            "ctl.toml: ingest: shard_index must be below",
+        ),
+        ('region = "r1"\n[ingest]\nclusters = ["a.b"]\n', "ctl.toml: ingest.clusters[0]:"),
     ],
 )
 def test_errors_name_file_key_and_problem(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as exc:
         parse_config(text, "ctl.toml")
     assert str(exc.value).startswith(message), str(exc.value)
+
+
+def test_ingest_section_is_the_ingest_settings_and_what_the_process_owns() -> None:
+    from controller.service import ingest_settings
+
+    cfg = parse_config(
+        'region = "r1"\n[ingest]\nclusters = ["c1", "c3"]\nshard_index = 0\nshard_count = 2\n'
+        "fetch_batch = 64\n"
+    )
+    settings = ingest_settings(cfg.region, cfg.ingest, "ctl-a")
+    assert settings.clusters == ("c1", "c3")
+    assert settings.shard == (0, 2)
+    assert settings.fetch_batch == 64
+    assert settings.durable_prefix == "mg-controller-ctl-a"
+    owned = [n for n in (f"n{i}" for i in range(40)) if settings.owns("r1", "c1", n)]
+    assert 0 < len(owned) < 40  # about half of c1 by the hash
+    assert not any(settings.owns("r1", "c2", f"n{i}") for i in range(40))  # not its cluster
+    assert not settings.owns("r2", "c1", owned[0])
+    plain = ingest_settings("r1")
+    assert plain.owns("r1", "c9", "x")
+    assert (plain.clusters, plain.shard) == ((), None)
 
 
 def test_unreadable_file_and_bad_scoring_file(tmp_path: Path) -> None:
