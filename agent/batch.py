@@ -7,6 +7,7 @@ from typing import Any
 from agent.collection import CycleResult
 from proto.base import NodeIdentity
 from proto.telemetry import QosInterfaceStatus, TelemetryBatch
+from proto.topology import NodeTopology
 
 
 def build_batch(
@@ -19,8 +20,10 @@ def build_batch(
     interval_s: float = 0.0,
     spool_dropped: int = 0,
     qos: tuple[QosInterfaceStatus, ...] = (),
+    topology: NodeTopology | None = None,
 ) -> TelemetryBatch:
-    """The batch of one cycle (``qos``: the QoS reconciler's last verdicts)."""
+    """The batch of one cycle (``qos``: the QoS reconciler's last verdicts; ``topology``:
+    the node's ``[node]`` place and capacity)."""
     readings: dict[str, Any] = {str(k): v for k, v in cycle.readings.items()}
     return TelemetryBatch(
         node=node,
@@ -32,5 +35,6 @@ def build_batch(
         errors=cycle.errors,
         spool_dropped=spool_dropped,
         qos=qos,
+        topology=topology,
         **readings,
     )

@@ -14,8 +14,9 @@ import msgspec
 
 from agent.bmc.targets import BmcTarget
 from proto.access import ConfigSection, NatsAccess, Seconds
-from proto.base import Token
+from proto.base import NonNegInt, Token
 from proto.documents import DocumentError, decode_toml, read_text
+from proto.topology import NodeTopology
 
 MIB = 1024 * 1024
 
@@ -36,6 +37,30 @@ class NodeSection(_Section, frozen=True):
     """Default: the short host name."""
     uuid: str = ""
     """Default: DMI product_uuid, else /etc/machine-id."""
+    zone: str = ""
+    """Topology and capacity for the scheduler (docs/scheduler.md); sent in every batch."""
+    rack: str = ""
+    leaf: str = ""
+    """Leaf switch; "" = one leaf per rack."""
+    gpus: NonNegInt = 0
+    gpu_type: str = ""
+    cpu_cores: NonNegInt = 0
+    memory_gb: NonNegInt = 0
+    bandwidth_tier: NonNegInt = 0
+
+    def topology(self) -> NodeTopology | None:
+        """The ``NodeTopology`` these keys describe; None when none is set."""
+        topo = NodeTopology(
+            zone=self.zone,
+            rack=self.rack,
+            leaf=self.leaf,
+            gpus=self.gpus,
+            gpu_type=self.gpu_type,
+            cpu_cores=self.cpu_cores,
+            memory_gb=self.memory_gb,
+            bandwidth_tier=self.bandwidth_tier,
+        )
+        return None if topo == NodeTopology() else topo
 
 
 class NatsSection(NatsAccess, frozen=True):
@@ -114,7 +139,7 @@ class WorkloadSection(_Section, frozen=True):
     enabled: bool = False
     work_dir: str = "/var/lib/metalguard/work"
     """Each member runs in ``<work_dir>/<job_id>.<rank>/``, its output in ``output.log``."""
-    socket: str = "/run/metalguard/workload.sock"
+    socket: str = "/var/lib/metalguard/workload.sock"
     """The client library's unix socket (``MG_WORKLOAD_SOCKET``)."""
     stop_grace_s: Seconds = 30.0
     """``stop``: SIGTERM, then SIGKILL after this."""

@@ -60,6 +60,7 @@ async def collect_once(config: AgentConfig, names: list[str]) -> TelemetryBatch:
         ts=time.time(),
         started_ts=started,
         interval_s=config.collect.interval_s,
+        topology=config.node.topology(),
     )
     if config.bmc:  # [[bmc]] targets: their readings join the top-level `bmc` list
         from agent.bmc.proxy import read_targets

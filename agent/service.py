@@ -34,10 +34,12 @@ from agent.spool import Spool, SpoolError
 
 if TYPE_CHECKING:
     from agent.bmc.proxy import ProxyService
+    from agent.qos.reconciler import QosReconciler
+    from agent.workload.service import WorkloadService
 from proto.base import NodeIdentity
 from proto.events import NodeEvent
 from proto.subjects import Subjects
-from proto.telemetry import TelemetryBatch
+from proto.telemetry import QosInterfaceStatus, TelemetryBatch
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,8 @@ class AgentService:
         self._seq = SeqStore(spool_dir / "seq")
         self._publisher = self._make_publisher(config)
         self._bmc_proxy: ProxyService | None = None
+        self._qos_reconciler: QosReconciler | None = None
+        self._workload: WorkloadService | None = None
 
     def _apply(self, config: AgentConfig) -> None:
         """Take a (new) config for collection; NATS settings need a restart."""
@@ -104,6 +108,7 @@ class AgentService:
                 tls_ca=nats.tls_ca or None,
                 tls_cert=nats.tls_cert or None,
                 tls_key=nats.tls_key or None,
+                inbox_prefix=nats.inbox_prefix or None,
                 connect_timeout_s=nats.connect_timeout_s,
                 publish_timeout_s=nats.publish_timeout_s,
                 reconnect_base_s=nats.reconnect_base_s,
@@ -149,6 +154,7 @@ class AgentService:
         await self._publisher.start()
         sources = self._start_event_sources()
         sources += self._start_qos()
+        sources += await self._start_workload()
         await self._start_bmc_proxy()
         watchdog = watchdog_interval_s(self._env)
         dog = asyncio.create_task(self._watchdog(watchdog), name="watchdog") if watchdog else None
@@ -183,6 +189,8 @@ class AgentService:
                         started_ts=started,
                         interval_s=self.config.collect.interval_s,
                         spool_dropped=self._publisher.take_dropped(),
+                        qos=self._qos_status(),
+                        topology=self.config.node.topology(),
                     )
                     await self._publisher.publish_batch(batch)
                 self._last_progress = self._mono()
@@ -198,12 +206,47 @@ class AgentService:
             for task in sources:
                 task.cancel()
             await asyncio.gather(*sources, return_exceptions=True)
+            if self._workload is not None:  # workloads stop with the agent (docs/workloads.md)
+                try:
+                    await self._workload.close()
+                except Exception:
+                    log.exception("stopping the workloads failed")
             await self.collection.close()
             await asyncio.gather(
                 self._publisher.close(flush_timeout=FLUSH_TIMEOUT_S),
                 *([self._bmc_proxy.close(FLUSH_TIMEOUT_S)] if self._bmc_proxy else []),
             )
         return 0
+
+    # --- workloads (docs/workloads.md) ---------------------------------------------------
+    def abandon_workloads(self) -> None:
+        """Act out a dead node in a simulated fleet: SIGKILL this agent's workloads at once
+        and report nothing about them (call before ``request_stop``)."""
+        if self._workload is not None:
+            self._workload.runner.abandon()
+
+    async def _start_workload(self) -> list[asyncio.Task[None]]:
+        """With ``[workload] enabled``, run jobs and answer the workload commands;
+        ``[workload]`` changes take effect at restart."""
+        if not self.config.workload.enabled:
+            return []
+        from agent.workload.service import WorkloadService
+
+        workload = WorkloadService(
+            self.config.workload,
+            lambda: self.identity,
+            self._publisher.publish_event,
+            self._publisher.connection.settings,
+            self._publisher.subjects,
+            wall_clock=self._wall,
+        )
+        try:
+            await workload.start()
+        except OSError as exc:
+            log.error("workloads disabled: cannot open %s: %s", self.config.workload.socket, exc)
+            return []
+        self._workload = workload
+        return [self._guarded(workload.run(), "workload")]
 
     # --- bmc-proxy (docs/bmc.md) --------------------------------------------------------
     async def _start_bmc_proxy(self) -> None:
@@ -255,6 +298,21 @@ class AgentService:
         return asyncio.create_task(guard(), name=name)
 
     # --- flow control (docs/qos.md) ----------------------------------------------------
+    def _qos_status(self) -> tuple[QosInterfaceStatus, ...]:
+        """The reconciler's last verdict per interface, for the batch (none when off)."""
+        reconciler = self._qos_reconciler
+        if reconciler is None:
+            return ()
+        return tuple(
+            QosInterfaceStatus(
+                interface=r.interface,
+                version=r.version,
+                status=r.status,
+                reasons=tuple(r.reasons),
+            )
+            for _, r in sorted(reconciler.status().items())
+        )
+
     def _start_qos(self) -> list[asyncio.Task[None]]:
         """Start the QoS profile watcher and reconciler when ``[qos] enabled``; ``[qos]``
         changes take effect at restart."""
@@ -265,7 +323,7 @@ class AgentService:
         from agent.qos.reconciler import QosReconciler
         from agent.qos.watch import ProfileWatcher
 
-        reconciler = QosReconciler(
+        reconciler = self._qos_reconciler = QosReconciler(
             self.identity,
             self._publisher.publish_event,
             target=QosTarget(netns=qos.netns or None, sysfs=qos.sysfs or self.config.collect.sysfs),

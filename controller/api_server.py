@@ -10,6 +10,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from controller.api import ControllerView, LeaderView, add_leader_route, make_app
+from controller.api_fleet import FleetApi, add_fleet_routes
+from controller.api_jobs import JobsView
 from controller.api_sse import EventSource
 from controller.config import ConfigError, HttpSection
 from controller.qos import QosStore
@@ -66,6 +68,8 @@ async def start_api(
     registry: CollectorRegistry | None = None,
     qos: QosStore | None = None,
     leader: LeaderView | None = None,
+    jobs: JobsView | None = None,
+    fleet: FleetApi | None = None,
 ) -> web.AppRunner:
     """Load the tokens, bind ``cfg.listen`` and serve; ``runner.cleanup()`` stops it.
 
@@ -79,9 +83,12 @@ async def start_api(
         admin_tokens=load_tokens(cfg.admin_tokens_file, "admin_tokens_file"),
         registry=registry,
         qos=qos,
+        jobs=jobs,
     )
     if leader is not None:
         add_leader_route(app, leader)
+    if fleet is not None:
+        add_fleet_routes(app, fleet)
     tls = https_context(cfg)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
     await runner.setup()

@@ -56,6 +56,11 @@ def add_ops_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     nodes.add_argument("--rack")
     nodes.set_defaults(func=_guarded(_nodes))
 
+    fleet = sub.add_parser(
+        "fleet", parents=[common], help="every region: grades, GPU capacity, jobs (federation)"
+    )
+    fleet.set_defaults(func=_guarded(_fleet))
+
     node = sub.add_parser("node", parents=[common], help="one node: score, reasons, history")
     node.add_argument("name", metavar="NAME", help="handle region.cluster.node, or a node name")
     node.set_defaults(func=_guarded(_node))
@@ -109,6 +114,29 @@ def _nodes(args: argparse.Namespace) -> int:
         for n in body["nodes"]
     ]
     print(table(["NODE", "GRADE", "SCORE", "FLAGS", "RACK", "REASON"], rows))
+    return 0
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    body = _call(args, "GET", "/v1/fleet")
+    if args.format == "json":
+        return _print_json(body)
+    rows = []
+    for r in body["regions"]:
+        grades = r.get("grades", {})
+        gpus = sum(c["gpus"] for c in r.get("capacity", []))
+        healthy = sum(c["healthy_gpus"] for c in r.get("capacity", []))
+        rows.append(
+            [
+                r["region"] + (" (here)" if r["region"] == body["region"] else ""),
+                str(r.get("nodes", 0)),
+                " ".join(f"{g.lower()} {n}" for g, n in grades.items() if n) or "-",
+                f"{healthy}/{gpus}",
+                f"{r.get('queued_jobs', 0)}/{r.get('running_jobs', 0)}",
+                f"{r.get('age_s', 0):.0f}s" + (" STALE" if r.get("stale") else ""),
+            ]
+        )
+    print(table(["REGION", "NODES", "GRADES", "GPUS OK", "QUEUED/RUN", "AGE"], rows))
     return 0
 
 

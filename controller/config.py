@@ -98,6 +98,15 @@ class IngestSection(_Section, frozen=True):
             raise ValueError("shard_index must be below shard_count")
 
 
+class FederationSection(_Section, frozen=True):
+    """``[federation]``: tell the other regions this one's state and hear theirs
+    (docs/federation.md)."""
+
+    enabled: bool = False
+    interval_s: Annotated[float, msgspec.Meta(ge=0.1)] = 5.0
+    """How often this region's summary is published; older than 3 intervals is stale."""
+
+
 class ControllerConfig(_Section, frozen=True):
     """The whole file."""
 
@@ -112,6 +121,7 @@ class ControllerConfig(_Section, frozen=True):
     http: HttpSection | None = None
     ha: HaSection | None = None
     ingest: IngestSection = IngestSection()
+    federation: FederationSection = FederationSection()
     topology: TopologySection = TopologySection()
     """``[topology]``: zones of clusters, per-rack and per-node overrides of what the
     nodes report (docs/scheduler.md)."""

@@ -57,6 +57,8 @@ def is_fatal_event(event: NodeEvent) -> bool:
     if event.kind in FATAL_EVENT_KINDS:
         return True
     return event.kind in FATAL_WHEN_CRITICAL_KINDS and event.severity == "critical"
+
+
 FATAL_EVENT_SCORE = 0.0
 
 

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -25,10 +26,21 @@ import nats
 from aiohttp import web
 from nats.aio.msg import Msg
 
-from agent.sim.fleet import SimFleet
-from agent.sim.scenario import Scenario, due_faults, load_scenario, unknown_nodes
+from agent.config import parse_config
+from agent.sim.fleet import SimFleet, SimNode
+from agent.sim.scenario import (
+    Scenario,
+    ScenarioJob,
+    due_faults,
+    due_jobs,
+    load_scenario,
+    unknown_nodes,
+)
 from controller.api import make_app
 from controller.api_sse import NatsEventSource
+from controller.jobs import JobManager, JobSettings, report_rows
+from controller.jobs_spec import JobRejectedError
+from controller.jobs_store import JobStore
 from controller.natsserver import NatsServer
 from controller.qos import QosStore
 from controller.region import RegionController
@@ -42,6 +54,10 @@ from proto.subjects import Subjects
 REGION = "r1"
 DEFAULT_SCENARIO = Path("scenarios/default.toml")
 AGENTS_UP_DEADLINE_S = 90.0
+DEMO_JOBS = JobSettings(
+    tick_s=0.5, checkpoint_deadline_s=10.0, stop_grace_s=5.0, master_addr="127.0.0.1"
+)
+"""Every simulated node runs its members on this machine."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +153,9 @@ async def _serve_api(app: web.Application, listen: str) -> tuple[web.AppRunner, 
     return runner, f"http://{server[0]}:{server[1]}"
 
 
-def _report(path: Path, region: RegionController, journal: _Journal) -> None:
+def _report(
+    path: Path, region: RegionController, journal: _Journal, jobs: JobManager | None = None
+) -> None:
     nodes = [
         {
             "node": r.node.node,
@@ -148,6 +166,8 @@ def _report(path: Path, region: RegionController, journal: _Journal) -> None:
         for r in sorted(region.store.records.values(), key=lambda r: r.node.node)
     ]
     doc = {"nodes": nodes, "faults": journal.faults, "events": journal.events}
+    if jobs is not None:  # docs/jobs.md
+        doc["jobs"] = report_rows(jobs.jobs.values())
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     _say(f"report written to {path}")
 
@@ -184,17 +204,28 @@ async def run_demo(options: DemoOptions) -> int:
         ingest = start_ingest(js, subjects, REGION, region)
         await ingest.start()
         cleanup.append(ingest.stop)
+        jobs = JobManager(  # runs the scenario's [[job]] entries (docs/jobs.md)
+            nc,
+            js,
+            await JobStore.open(js, subjects),
+            region.store,
+            subjects,
+            REGION,
+            DEMO_JOBS,
+            fleet=region.topology.fleet,
+        )
         app = make_app(
             region,
             NatsEventSource(nc, subjects, REGION),
             registry=ingest.metrics.registry,
             qos=await QosStore.open(js, subjects),
+            jobs=jobs,
         )
         runner, api_url = await _serve_api(app, options.http)
         cleanup.append(runner.cleanup)
         _say(f"controller for region {REGION} ready; API at {api_url}")
 
-        fleet = SimFleet(
+        fleet = WorkloadFleet(
             Path(tmp.name),
             url,
             racks=options.racks,
@@ -211,11 +242,18 @@ async def run_demo(options: DemoOptions) -> int:
         await fleet.start()
         cleanup.append(fleet.stop)
         await _wait_agents(region, len(fleet.node_names), stop)
+        await jobs.start()
+        cleanup.append(jobs.stop)
         _say(f"try: curl {api_url}/v1/nodes   or   metalguard nodes --api {api_url}")
+        _say(f"dashboard: {api_url}/ui/")
         _say("running; press Ctrl-C to stop")
         journal.started = time.monotonic()
         player = asyncio.create_task(_play(fleet, scenario, journal), name="scenario")
         cleanup.append(lambda: _cancel(player))
+        if scenario is not None and scenario.job:
+            ckpt = Path(tmp.name) / "checkpoints"
+            submitter = asyncio.create_task(_submit_jobs(jobs, scenario, journal, ckpt))
+            cleanup.append(lambda: _cancel(submitter))
         duration = options.duration_s
         if duration is None and options.headless:
             duration = 120.0
@@ -223,7 +261,7 @@ async def run_demo(options: DemoOptions) -> int:
             await asyncio.wait_for(stop.wait(), duration)
         _say("stopping")
         if options.report is not None:
-            _report(options.report, region, journal)
+            _report(options.report, region, journal, jobs)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -253,6 +291,73 @@ async def _wait_agents(region: RegionController, expected: int, stop: asyncio.Ev
         _say(f"only {seen}/{expected} agents reported within {AGENTS_UP_DEADLINE_S:.0f}s")
 
 
+async def _submit_jobs(
+    jobs: JobManager, scenario: Scenario, journal: _Journal, checkpoints: Path
+) -> None:
+    """Submit the scenario's ``[[job]]`` entries when due (docs/jobs.md)."""
+    submitted: set[int] = set()
+    while len(submitted) < len(scenario.job):
+        for index, entry in due_jobs(scenario, journal.t(), submitted):
+            submitted.add(index)
+            try:
+                status = await jobs.submit(scenario_job(entry, Path.cwd(), checkpoints))
+            except JobRejectedError as exc:
+                _say(f"[{journal.t():6.1f}s] job {entry.name} rejected: {exc}")
+                continue
+            _say(f"[{journal.t():6.1f}s] job {entry.name} submitted as {status.job_id}")
+        await asyncio.sleep(0.5)
+
+
 async def _cancel(task: asyncio.Task[None]) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+# --- jobs: agents that run their members here, [[job]] entries (docs/jobs.md) -------------
+
+
+def workload_section(node_dir: Path, *, stop_grace_s: float = 2.0) -> str:
+    """The ``[workload]`` table of a simulated node: its own socket and work dir, short
+    deadlines, this interpreter for ``python`` commands."""
+    return (
+        "\n[workload]\n"
+        "enabled = true\n"
+        f'work_dir = "{node_dir / "work"}"\n'
+        f'socket = "{node_dir / "wl.sock"}"\n'
+        f"stop_grace_s = {stop_grace_s}\n"
+        "checkpoint_timeout_s = 3.0\n"
+        "progress_interval_s = 0.2\n"
+        f'python = "{sys.executable}"\n'
+    )
+
+
+class WorkloadFleet(SimFleet):
+    """The simulated fleet with every agent's workload runner enabled, so each simulated
+    node runs its job members as processes on this machine (MG_MASTER_ADDR 127.0.0.1)."""
+
+    def _build(self) -> dict[str, SimNode]:
+        nodes = super()._build()
+        for node in nodes.values():
+            text = node.config_path.read_text() + workload_section(node.config_path.parent)
+            node.config_path.write_text(text)
+            node.config = parse_config(text, str(node.config_path))
+        return nodes
+
+
+def scenario_job(entry: ScenarioJob, base: Path, checkpoints: Path) -> dict[str, Any]:
+    """The job document the demo submits for a ``[[job]]`` entry: relative paths in
+    ``args`` that exist under ``base`` are made absolute (members run in their own
+    directories), and checkpoints go to ``checkpoints/<name>`` (shared by every node)."""
+    args = [str((base / a).resolve()) if (base / a).is_file() else a for a in entry.args]
+    return {
+        "name": entry.name,
+        "nodes": entry.nodes,
+        "priority": entry.priority,
+        "preemptible": entry.preemptible,
+        "command": entry.command,
+        "args": args,
+        "checkpoint_dir": str(checkpoints / entry.name),
+        "checkpoint_every": entry.checkpoint_every,
+        "hang_timeout": entry.hang_timeout,
+        "max_restarts": entry.max_restarts,
+    }

@@ -30,6 +30,7 @@ from controller.config import (
     NatsSection,
     load_config,
 )
+from controller.federation import Federation, job_counts
 from controller.ingest import Ingest, IngestSettings
 from controller.jobs import JobManager
 from controller.jobs_store import JobStore
@@ -39,6 +40,7 @@ from controller.region import RegionController
 from controller.scoring_config import ScoringConfig
 from controller.state import NodeStore
 from controller.streams import ensure_streams
+from controller.topology import TopologyView
 from proto.access import tls_context
 from proto.subjects import Subjects
 
@@ -216,6 +218,7 @@ async def _serve(
         publish_timeout_s=cfg.nats.publish_timeout_s,
         leading=leadership.leading,
         owns=settings.owns,
+        topology=TopologyView(cfg.topology),
     )
     reload_on_election(leadership, js, subjects, controller)
     jobs = JobManager(  # docs/jobs.md
@@ -229,13 +232,33 @@ async def _serve(
         leading=leadership.leading,
     )
     ingest = start_ingest(js, subjects, cfg.region, controller, instance, settings)
+    federation = None
+    if cfg.federation.enabled:
+        federation = Federation(
+            nc,
+            subjects,
+            cfg.region,
+            lambda: controller.store.records,
+            lambda: controller.topology.fleet(controller.store.records),
+            interval_s=cfg.federation.interval_s,
+            controller=instance,
+            jobs=lambda: job_counts(jobs.jobs),
+            leading=leadership.leading,
+        )
     api = None
     if cfg.http is not None:
         source = NatsEventSource(nc, subjects, cfg.region)
         try:
             qos = await QosStore.open(js, subjects)
             api = await start_api(
-                cfg.http, controller, source, ingest.metrics.registry, qos, leadership, jobs
+                cfg.http,
+                controller,
+                source,
+                ingest.metrics.registry,
+                qos,
+                leadership,
+                jobs,
+                fleet=federation,
             )
         except ConfigError as exc:
             print(f"metalguard: {exc}", file=sys.stderr)
@@ -251,6 +274,8 @@ async def _serve(
         await controller.start(silence_interval_s=cfg.silence_check_s)
         await ingest.start()
         await jobs.start()
+        if federation is not None:
+            await federation.start()
         log.info("controller for region %s running: %d nodes known", cfg.region, len(store.records))
         await stop.wait()
         log.info("stopping")
@@ -260,6 +285,8 @@ async def _serve(
     finally:
         if api is not None:
             await api.cleanup()
+        if federation is not None:
+            await federation.stop()
         await jobs.stop()
         await ingest.stop()
         await controller.stop()

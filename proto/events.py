@@ -31,9 +31,12 @@ NODE_EVENT_KINDS: frozenset[str] = frozenset(
         "job_exited",
         "job_progress",
         "job_checkpointed",
+        "slurm_down",
+        "slurm_up",
     }
 )
-"""Kinds the agent emits today; consumers must accept kinds they do not know."""
+"""Kinds the agent (and the Slurm bridge, for Slurm's own view) emits today; consumers
+must accept kinds they do not know."""
 
 CONTROLLER_EVENT_KINDS: frozenset[str] = frozenset(
     {
@@ -48,14 +51,24 @@ CONTROLLER_EVENT_KINDS: frozenset[str] = frozenset(
         "node.uncordoned",
         "job.queued",
         "job.placed",
+        "job.started",
         "job.checkpointed",
+        "job.stopped",
         "job.rescheduled",
-        "job.preempted",
+        "job.lost_progress",
+        "job.hung",
+        "job.crashed",
+        "job.failed",
         "job.finished",
-        "qos.applied",
-        "qos.drift",
-        "qos.unsupported",
+        "job.preempted",
+        "job.cancelled",
         "rail.tripped",
+        "slurm.drained",
+        "slurm.resumed",
+        "slurm.job_signalled",
+        "slurm.job_requeued",
+        "slurm.skipped",
+        "slurm.command_failed",
     }
 )
 """Documented decision kinds (docs/protocol.md); the set grows without a version bump."""

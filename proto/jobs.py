@@ -149,7 +149,6 @@ class JobStatus(Message, frozen=True, tag="job_status"):
 
 JOB_EVENT_KINDS: frozenset[str] = frozenset(
     {
-        "job.submitted",
         "job.queued",
         "job.placed",
         "job.started",

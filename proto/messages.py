@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final, get_args
 
 from proto.events import Command, CommandReply, ControllerEvent, NodeEvent
+from proto.federation import NodeLookup, NodeLookupReply, RegionSummary
 from proto.jobs import Job, JobStatus
 from proto.nodes import NodeRecord, RailState
 from proto.qos import QosProfile
@@ -21,6 +22,9 @@ AnyMessage = (
     | JobStatus
     | NodeRecord
     | RailState
+    | RegionSummary
+    | NodeLookup
+    | NodeLookupReply
 )
 """Every message that may travel on a subject; the tag table is derived from it."""
 

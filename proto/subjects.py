@@ -97,6 +97,13 @@ class FedSubmitSubject:
 
 
 @dataclass(frozen=True, slots=True)
+class FedLookupSubject:
+    """``<p>.fed.lookup.<region>``"""
+
+    region: str
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetterSubject:
     """``<p>.dlq.<stream>``"""
 
@@ -110,6 +117,7 @@ ParsedSubject = (
     | CommandSubject
     | FedSummarySubject
     | FedSubmitSubject
+    | FedLookupSubject
     | DeadLetterSubject
 )
 
@@ -161,6 +169,10 @@ class Subjects:
     def fed_submit(self, region: str) -> str:
         """Subject on which a region accepts forwarded jobs (request/reply)."""
         return self._join("fed", ["submit", _check_filter_token(region, "region")])
+
+    def fed_lookup(self, region: str) -> str:
+        """Subject on which a region answers node lookups by UUID (request/reply)."""
+        return self._join("fed", ["lookup", _check_filter_token(region, "region")])
 
     def dead_letter(self, stream: str) -> str:
         """Subject where undecodable messages taken off ``stream`` are kept."""
@@ -222,6 +234,8 @@ class Subjects:
                 return FedSummarySubject(region)
             case "fed", ["submit", region]:
                 return FedSubmitSubject(region)
+            case "fed", ["lookup", region]:
+                return FedLookupSubject(region)
             case "dlq", [stream]:
                 return DeadLetterSubject(stream)
         raise SubjectError(f"subject {subject!r} matches no subject of the design")

@@ -278,6 +278,18 @@ class CollectorError(Record, frozen=True):
     message: str = ""
 
 
+class QosInterfaceStatus(Record, frozen=True):
+    """The agent's QoS reconciler's last verdict on one interface (docs/qos.md)."""
+
+    interface: str
+    version: NonNegInt
+    """The profile version it applied (or tried to)."""
+    status: str
+    """applied | partial | unsupported | failed | drift"""
+    reasons: tuple[str, ...] = ()
+    """Why it is not ``applied``: unsupported or failed parts, differences found."""
+
+
 class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
     """One collection cycle of one node (subject ``<p>.tel.<region>.<cluster>.<node>``)."""
 
@@ -299,6 +311,8 @@ class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
     errors: tuple[CollectorError, ...] = ()
     spool_dropped: NonNegInt = 0
     """Batches or events dropped from the full outage spool since the last batch."""
+    qos: tuple[QosInterfaceStatus, ...] = ()
+    """The flow-control profile's state per interface, when the agent reconciles one."""
     out_of_band: bool = False
     """Read from the node's BMC by a bmc-proxy, not sent by the node itself: ``bmc``
     holds the reading, the in-band fields are empty, ``seq`` is the proxy's own series

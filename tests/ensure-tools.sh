@@ -13,6 +13,10 @@ command -v ipmitool >/dev/null 2>&1 || want+=(ipmitool)  # bmc ipmi collector
 command -v ipmi_sim >/dev/null 2>&1 || want+=(openipmi)  # BMC simulator (ipmi_sim, sdrcomp)
 command -v ipmi-sensors >/dev/null 2>&1 || want+=(freeipmi-tools)  # bmc ipmi, freeipmi profile
 command -v openssl >/dev/null 2>&1 || want+=(openssl)  # redfish emulator certificate
+command -v slurmctld >/dev/null 2>&1 || want+=(slurm-wlm)  # real one-node Slurm (slurm bridge)
+command -v munged >/dev/null 2>&1 || want+=(munge)  # Slurm's authentication
+command -v chromium >/dev/null 2>&1 || want+=(chromium)  # the dashboard's browser test
+[ -x /usr/bin/chromedriver ] || want+=(chromium-driver)  # selenium drives chromium with it
 [ ${#want[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "ensure-tools: not root or no apt-get; tests needing ${want[*]} will skip" >&2

@@ -23,6 +23,7 @@ from agent.service import AgentService
 from agent.sim.faults import RUNNER_KINDS, Applied, FaultError, Process, apply_fault
 from agent.sim.scenario import Scenario, ScenarioError, due_faults, unknown_nodes
 from agent.sim.tree import NodeSpec, NodeTree, write_tree
+from proto.topology import NodeTopology
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,33 @@ def fleet_names(region: int, clusters: int, racks: int, nodes_per_rack: int) -> 
     ]
 
 
+def sim_topology(
+    cluster: int, rack: int, node: int, nodes_per_rack: int, gpus: int = 8
+) -> NodeTopology:
+    """The simulated node's place and capacity (docs/scheduler.md): clusters 1-2 in zone
+    z1, 3-4 in z2, ...; racks ``k<rack>``; a leaf per half rack (per rack below 8 nodes);
+    ``gpus`` H100s (the tree's), 128 cores, 1024 GB, bandwidth tier 2."""
+    half = 1 if nodes_per_rack < 8 or node <= nodes_per_rack // 2 else 2
+    return NodeTopology(
+        zone=f"z{(cluster + 1) // 2}",
+        rack=f"k{rack}",
+        leaf=f"k{rack}-l{half}",
+        gpus=gpus,
+        gpu_type="h100",
+        cpu_cores=128,
+        memory_gb=1024,
+        bandwidth_tier=2,
+    )
+
+
+def topology_toml(topology: NodeTopology) -> str:
+    """``[node]`` lines for a topology (appended to the table)."""
+    return "".join(
+        f"{key} = {value}\n" if isinstance(value, int) else f'{key} = "{value}"\n'
+        for key, value in ((f, getattr(topology, f)) for f in topology.__struct_fields__)
+    )
+
+
 def node_seed(seed: int, name: str) -> int:
     """A per-node seed: stable across runs and independent of fleet size."""
     return seed * 1_000_003 + zlib.crc32(name.encode())
@@ -61,6 +89,7 @@ def agent_config_text(
     nats_url: str,
     prefix: str,
     interval_s: float,
+    topology: NodeTopology | None = None,
 ) -> str:
     """The agent.toml of one simulated node: its tree, every interval ``interval_s``."""
     return f"""\
@@ -69,7 +98,7 @@ region = "{region}"
 cluster = "{cluster}"
 name = "{name}"
 uuid = "sim-{name}"
-
+{topology_toml(topology) if topology is not None else ""}
 [nats]
 servers = ["{nats_url}"]
 prefix = "{prefix}"
@@ -143,6 +172,13 @@ class SimFleet:
             for k in range(1, racks + 1)
             for n in range(1, nodes_per_rack + 1)
         }
+        self.topology = {
+            node_name(region, c, k, n): sim_topology(c, k, n, nodes_per_rack, self.spec.gpus)
+            for c in range(1, clusters + 1)
+            for k in range(1, racks + 1)
+            for n in range(1, nodes_per_rack + 1)
+        }
+        """Each node's place and capacity, written into its agent.toml's ``[node]``."""
         self.nodes: dict[str, SimNode] = {}
         self.processes: dict[str, list[Process]] = {}
         self.applied: list[tuple[str, Applied]] = []
@@ -171,6 +207,7 @@ class SimFleet:
                 nats_url=self.nats_url,
                 prefix=self.prefix,
                 interval_s=self.interval_s,
+                topology=self.topology[name],
             )
             config_path = node_dir / "agent.toml"
             config_path.write_text(text)

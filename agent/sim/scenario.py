@@ -11,6 +11,13 @@ A scenario is TOML::
     count = 1        # optional: errors per application (per tick for ecc_ce_storm)
     duration_s = 60  # optional: how long an ecc_ce_storm lasts
 
+    [[job]]          # optional: a training job submitted at `at` (docs/jobs.md)
+    at = 5
+    name = "llm-a"
+    nodes = 4
+    args = ["examples/trainer.py", "--steps", "1200"]
+    checkpoint_every = 5
+
 Errors name the file, the key and the problem, like every other document here.
 """
 
@@ -41,11 +48,30 @@ class Fault(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     duration_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
 
+class ScenarioJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One ``[[job]]`` entry: a training job the demo submits at ``at`` (docs/jobs.md).
+
+    Relative paths in ``args`` that exist where the demo runs are made absolute.
+    """
+
+    at: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    nodes: Annotated[int, msgspec.Meta(ge=1)] = 1
+    priority: int = 0
+    preemptible: bool = False
+    command: str = "python"
+    args: tuple[str, ...] = ()
+    checkpoint_every: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    hang_timeout: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    max_restarts: Annotated[int, msgspec.Meta(ge=0)] = 3
+
+
 class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A whole scenario file."""
 
     description: str = ""
     fault: tuple[Fault, ...] = ()
+    job: tuple[ScenarioJob, ...] = ()
 
 
 def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
@@ -85,5 +111,17 @@ def due_faults(
         (i, f)
         for i, f in enumerate(scenario.fault)
         if f.at <= elapsed_s and i not in already_applied
+    ]
+    return sorted(due, key=lambda item: (item[1].at, item[0]))
+
+
+def due_jobs(
+    scenario: Scenario, elapsed_s: float, already_submitted: Collection[int]
+) -> list[tuple[int, ScenarioJob]]:
+    """The ``[[job]]`` entries due at ``elapsed_s`` not yet submitted, earliest first."""
+    due = [
+        (i, j)
+        for i, j in enumerate(scenario.job)
+        if j.at <= elapsed_s and i not in already_submitted
     ]
     return sorted(due, key=lambda item: (item[1].at, item[0]))

@@ -253,6 +253,7 @@ async def test_controller_run_serves_the_api(
             f'[http]\nlisten = "127.0.0.1:{port}"\n'
             f'read_tokens_file = "{tmp_path / "read.tokens"}"\n'
             f'admin_tokens_file = "{tmp_path / "admin.tokens"}"\n'
+            "[federation]\nenabled = true\ninterval_s = 0.2\n"
         )
         proc = await asyncio.create_subprocess_exec(
             str(METALGUARD),
@@ -275,6 +276,19 @@ async def test_controller_run_serves_the_api(
             r = await cli(url, "cordon", "n9", "--reason", "x", token=ADMIN_TOKEN)
             assert r.code == 2
             assert "unknown node 'n9'" in r.err
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(
+                    f"{url}/v1/fleet", headers={"Authorization": f"Bearer {READ_TOKEN}"}
+                ) as fleet,
+            ):
+                body = await fleet.json()
+                assert fleet.status == 200, body
+                assert [r["region"] for r in body["regions"]] == ["r1"]
+            r = await cli(url, "fleet")
+            assert r.code == 0, r.err
+            assert "r1 (here)" in r.out
+            assert "STALE" not in r.out
             async with (
                 aiohttp.ClientSession() as session,
                 session.get(

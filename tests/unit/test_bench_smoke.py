@@ -136,3 +136,27 @@ def test_bmc_proxy_bench_quick_prints_figures() -> None:
     assert rate.group(2) == "0"
     assert re.search(r"^agent CPU:\s+\d+% of one core", out, re.M)
     assert re.search(r"^agent RSS:\s+[\d.]+ MiB \(peak [\d.]+ MiB\)", out, re.M)
+
+
+SCHEDULER_BENCH = BENCH.parent / "scheduler_bench.py"
+
+
+def test_scheduler_bench_quick_places_the_gang() -> None:
+    result = subprocess.run(
+        [sys.executable, str(SCHEDULER_BENCH), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    steps = {
+        m.group(1): float(m.group(3))
+        for line in result.stdout.splitlines()
+        if (m := re.match(r"^(index|place|pass|preempt)\s+([\d.]+)\s+([\d.]+)\b", line))
+    }
+    assert set(steps) == {"index", "place", "pass", "preempt"}, result.stdout
+    assert re.search(r"^preempt .*\(1 run: [1-9]\d* victims\)$", result.stdout, re.M)
+    assert re.search(
+        r"^gang of 256 nodes placed at level \w+ in [\d.]+ ms CPU", result.stdout, re.M
+    )

@@ -1,0 +1,1 @@
+"""The Slurm bridge (docs/slurm.md): metalguard's decisions drive a Slurm cluster."""

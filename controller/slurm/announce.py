@@ -1,0 +1,134 @@
+"""What the Slurm bridge publishes: its actions as ControllerEvents ``slurm.<what>`` on
+``<p>.ctl.<region>.slurm.<what>``, and Slurm's own view of a node as NodeEvents
+``slurm_down`` / ``slurm_up`` on ``<p>.evt.<region>.<cluster>.<node>.<kind>`` (docs/slurm.md).
+A publish that fails is logged, never raised: announcing must not stop the bridge."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+
+from controller.slurm.actions import Trigger
+from controller.slurm.config import BridgeConfig
+from controller.slurm.parse import SlurmNode
+from controller.slurm.runner import SlurmCommandError
+from proto.base import AttrValue, NodeIdentity
+from proto.codec import encode
+from proto.events import ControllerEvent, NodeEvent
+from proto.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+
+class Announcer:
+    """Publishes the bridge's events with message ids (a republish is stored once)."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        subjects: Subjects,
+        cfg: BridgeConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._js = js
+        self._subjects = subjects
+        self.cfg = cfg
+        self._clock = clock
+
+    async def node_event(self, name: str, kind: str, severity: str, node: SlurmNode | None) -> None:
+        """Slurm's view of Slurm node ``name`` as a NodeEvent of its metalguard node."""
+        region, cluster, short = self.cfg.handle_of(name).split(".")
+        identity = NodeIdentity(region=region, cluster=cluster, node=short)
+        now = self._clock()
+        attributes: dict[str, AttrValue] = {"slurm_node": name}
+        if node is not None:
+            attributes |= {"state": node.describe(), "reason": node.reason}
+            message = f"Slurm reports {name} {node.describe()}" + (
+                f" ({node.reason})" if node.reason else ""
+            )
+        else:
+            message = f"Slurm reports {name} responding again"
+        event = NodeEvent(
+            node=identity,
+            event_id=f"{kind}-{int(now * 1000)}",
+            ts=now,
+            kind=kind,
+            source="slurm",
+            device=name,
+            severity=severity,
+            message=message,
+            attributes=attributes,
+        )
+        subject = self._subjects.node_event(region, cluster, short, kind)
+        msg_id = f"{region}.{cluster}.{short}:{event.event_id}"
+        log.info("slurm bridge: %s", message)
+        await self._publish(subject, encode(event), msg_id)
+
+    async def failed(
+        self, trigger: Trigger | None, exc: SlurmCommandError, job: str | None = None
+    ) -> None:
+        """Report a Slurm command that failed on every attempt (``slurm.command_failed``)."""
+        log.error("slurm bridge: %s", exc)
+        attrs: dict[str, AttrValue] = {
+            "command": " ".join(exc.argv),
+            "attempts": exc.attempts,
+            "detail": exc.detail,
+        }
+        if trigger is not None:
+            attrs["slurm_node"] = self.cfg.slurm_name(trigger.handle)
+        if trigger is None:
+            stamp = f"{int(self._clock() * 1000)}"
+            event = ControllerEvent(
+                event_id=f"slurm.command_failed:{self.cfg.region}:{stamp}",
+                ts=self._clock(),
+                region=self.cfg.region,
+                kind="slurm.command_failed",
+                message=str(exc),
+                attributes=attrs,
+            )
+            await self._publish_control(event)
+            return
+        await self.announce(trigger, "command_failed", str(exc), attrs, job=job, unique=True)
+
+    async def announce(
+        self,
+        trigger: Trigger,
+        what: str,
+        message: str,
+        attributes: dict[str, AttrValue],
+        *,
+        job: str | None = None,
+        unique: bool = False,
+    ) -> None:
+        """Publish ``slurm.<what>`` about the trigger's node; its id is derived from the
+        decision's, so a redelivered decision does not announce twice."""
+        event_id = f"slurm.{what}:{trigger.handle}:{trigger.event_id}"
+        if job is not None:
+            event_id += f":job{job}"
+        if unique:
+            event_id += f"@{int(self._clock() * 1000)}"
+        event = ControllerEvent(
+            event_id=event_id,
+            ts=self._clock(),
+            region=self.cfg.region,
+            kind=f"slurm.{what}",
+            node=trigger.node,
+            job_id=job,
+            message=message,
+            attributes={"cause": trigger.kind, "cause_event_id": trigger.event_id, **attributes},
+        )
+        await self._publish_control(event)
+
+    async def _publish_control(self, event: ControllerEvent) -> None:
+        subject = self._subjects.control(self.cfg.region, event.kind)
+        await self._publish(subject, encode(event), event.event_id)
+
+    async def _publish(self, subject: str, data: bytes, msg_id: str) -> None:
+        try:
+            await self._js.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
+        except (NatsError, TimeoutError) as exc:
+            log.warning("slurm bridge: could not publish %s: %s", subject, exc)

@@ -1,0 +1,340 @@
+"""The dashboard in a real headless Chromium (selenium + Debian's chromium-driver).
+
+1. A headless ``metalguard demo`` plays a one-fault scenario: the browser waits until the
+   node turns red on the fleet heatmap, clicks it and reads the reason on the node page.
+2. A controller with read tokens: the token given once in ``?token=`` opens the API and
+   the live event stream (SSE read with fetch, the token in a header), and a fault turns
+   the node red through the stream, well before the slow poll would.
+
+Screenshots go to ``$MG_ARTIFACTS/dashboard/`` (default ``test-artifacts/dashboard/`` in
+the repository); the path is printed.  Skipped, with the reason printed, where Chromium
+or its driver is missing (tests/ensure-tools.sh installs them as root).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from nats.aio.client import Client
+
+from controller.api import make_app
+from controller.jobs import JobManager
+from controller.jobs_store import JobStore
+from proto.nodes import NodeRecord
+from proto.subjects import Subjects
+from tests.integration.api_env import FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
+from tests.waiting import wait_for_line
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra)")
+from selenium.common.exceptions import (  # noqa: E402  (after the skip above)
+    StaleElementReferenceException,
+    WebDriverException,
+)
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+METALGUARD = Path(sys.executable).parent / "metalguard"
+CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+CHROMEDRIVER = "/usr/bin/chromedriver"
+FAULTY = "r1c1k1n2"
+SCENARIO = f"""description = "one uncorrectable ECC error"
+[[fault]]
+at = 2
+node = "{FAULTY}"
+kind = "ecc_ue"
+"""
+DEMO_START_S = 40.0
+"""NATS, the controller and 4 agents are up within this (usually ~5 s)."""
+PAGE_S = 30.0
+"""The fault (2 s after the agents are up) reaches the page within this."""
+JOB = {
+    "name": "llm-small",
+    "tenant": "research",
+    "nodes": 2,
+    "command": "python",
+    "args": ["examples/trainer.py", "--steps", "100"],
+}
+STREAM_S = 10.0
+"""An event reaches the page through the stream within this (the slow poll is 30 s)."""
+
+
+def artifacts() -> Path:
+    """Where the screenshots go (printed)."""
+    base = Path(os.environ.get("MG_ARTIFACTS") or REPO / "test-artifacts")
+    out = base / "dashboard"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    binary = next((p for p in CHROMIUM if os.access(p, os.X_OK)), None)
+    missing = [
+        what
+        for what, ok in (
+            ("chromium", binary),
+            ("chromium-driver", os.access(CHROMEDRIVER, os.X_OK)),
+        )
+        if not ok
+    ]
+    if missing:
+        reason = f"{' and '.join(missing)} not installed (tests/ensure-tools.sh installs them)"
+        print(f"SKIP browser test: {reason}")
+        pytest.skip(reason)
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(binary)
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(arg)
+    try:
+        driver = webdriver.Chrome(
+            service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options
+        )
+    except WebDriverException as exc:  # installed but broken: a failure, not a skip
+        pytest.fail(f"chromium is installed but could not start: {exc.msg}")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait(driver: WebDriver, timeout_s: float, what: str, check: Callable[[WebDriver], Any]) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    try:
+        return WebDriverWait(
+            driver, timeout_s, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(check, f"waiting for {what}")
+    except Exception:
+        shot(driver, "failure")
+        raise
+
+
+def shot(driver: WebDriver, name: str) -> Path:
+    path = artifacts() / f"{name}.png"
+    driver.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+    return path
+
+
+def node_button(driver: WebDriver, node: str, grade: str) -> Any:
+    """The heatmap's button of ``node`` once it has ``grade`` (else None)."""
+    for button in driver.find_elements(By.CSS_SELECTOR, f'button.node[data-grade="{grade}"]'):
+        if (button.get_attribute("data-node") or "").endswith(f".{node}"):
+            return button
+    return None
+
+
+def click(button: Any) -> bool:
+    button.click()
+    return True
+
+
+def read_red_node(driver: WebDriver, url: str) -> str:
+    """Open the fleet, wait for FAULTY to turn red, click it; the node page's reasons."""
+    driver.get(url)
+    wait(driver, 10, "the fleet heatmap", lambda d: d.find_elements(By.CSS_SELECTOR, "button.node"))
+    red = wait(driver, PAGE_S, f"{FAULTY} to turn red", lambda d: node_button(d, FAULTY, "FAILING"))
+    assert red.value_of_css_property("background-color") == "rgba(214, 45, 32, 1)"  # --failing
+    assert "FAILING" in red.get_attribute("aria-label")
+    shot(driver, "fleet-red-node")
+    wait(driver, 5, f"a click on {FAULTY}", lambda d: click(node_button(d, FAULTY, "FAILING")))
+    reasons = wait(
+        driver,
+        10,
+        "the node page's reasons",
+        lambda d: d.find_element(By.ID, "reasons") if d.find_elements(By.ID, "reasons") else None,
+    )
+    wait(
+        driver,
+        5,
+        "the reason rows",
+        lambda d: "uncorrectable" in d.find_element(By.ID, "reasons").text,
+    )
+    text = str(reasons.text)
+    title = driver.find_element(By.ID, "node-title")
+    assert title.get_attribute("data-grade") == "FAILING"
+    assert FAULTY in title.text
+    assert driver.find_elements(By.CSS_SELECTOR, "svg.chart polyline"), "no score chart"
+    wait(
+        driver,
+        STREAM_S,
+        "the isolation in the live event panel",
+        lambda d: d.find_elements(By.CSS_SELECTOR, '#events li[data-kind="node.isolated"]'),
+    )
+    shot(driver, "node-page")
+    return text
+
+
+async def test_a_fault_turns_a_node_red_and_its_page_says_why(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    scenario = tmp_path / "one-fault.toml"
+    scenario.write_text(SCENARIO, encoding="utf-8")
+    demo = await asyncio.create_subprocess_exec(
+        str(METALGUARD), "--log-level", "warning", "demo", "--headless",
+        "--duration", "90", "--racks", "1", "--nodes-per-rack", "4",
+        "--scenario", str(scenario), "--http", "127.0.0.1:0",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert demo.stdout is not None
+    seen: list[str] = []
+    drain: asyncio.Task[None] | None = None
+    try:
+        await wait_for_line(demo.stdout, "dashboard: ", DEMO_START_S, seen)
+        url = seen[-1].split("dashboard: ", 1)[1].strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        assert url.endswith("/ui/"), url
+        drain = asyncio.create_task(_drain(demo.stdout, seen))
+        reasons = await asyncio.to_thread(read_red_node, browser, url)
+        assert "uncorrectable" in reasons, reasons
+        assert "ecc_uncorrectable" in reasons  # the rule column
+    finally:
+        if demo.returncode is None:
+            demo.send_signal(signal.SIGINT)
+            try:
+                await asyncio.wait_for(demo.wait(), 20)
+            except TimeoutError:
+                demo.kill()
+                await demo.wait()
+        if drain is not None:
+            await asyncio.gather(drain, return_exceptions=True)
+    assert demo.returncode == 0, "".join(seen)
+
+
+async def _drain(stream: asyncio.StreamReader, seen: list[str]) -> None:
+    """Keep reading the demo's output so that it never blocks on a full pipe."""
+    while line := await stream.readline():
+        seen.append(line.decode())
+
+
+# --- tokens and the live stream ---------------------------------------------------------
+
+
+@pytest.fixture
+async def env(nc: Client, subjects: Subjects) -> AsyncIterator[ApiEnv]:
+    async with api_env(nc, subjects) as e:
+        await e.feed(*FLEET)
+        yield e
+
+
+@contextlib.asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_read_token_opens_the_api_and_the_stream_turns_a_node_red(
+    browser: WebDriver, env: ApiEnv
+) -> None:
+    app = make_app(env.controller, env.source, read_tokens={READ_TOKEN}, keepalive_s=1.0)
+    async with serve(app) as base:
+        # without the token: the page says what is needed, nothing else breaks
+        await asyncio.to_thread(browser.get, f"{base}/ui/")
+        await asyncio.to_thread(
+            wait,
+            browser,
+            10,
+            "the token prompt",
+            lambda d: "needs a token" in d.find_element(By.ID, "error").text,
+        )
+        # with it, once in the URL: kept in sessionStorage, gone from the address bar
+        await asyncio.to_thread(browser.get, f"{base}/ui/?token={READ_TOKEN}#/fleet")
+        await asyncio.to_thread(
+            wait,
+            browser,
+            10,
+            "the 4 nodes",
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "button.node")) == 4,
+        )
+        await asyncio.to_thread(
+            wait,
+            browser,
+            10,
+            "the live stream",
+            lambda d: d.find_element(By.ID, "conn").get_attribute("data-state") == "live",
+        )
+        assert READ_TOKEN not in browser.current_url
+        assert (
+            browser.execute_script("return sessionStorage.getItem('metalguard.token')")
+            == READ_TOKEN
+        )
+        assert node_button(browser, "n3", "HEALTHY") is not None
+        await env.feed(FATAL)  # r1.c1.n3: an uncorrectable ECC error -> isolated
+        await asyncio.to_thread(
+            wait,
+            browser,
+            STREAM_S,
+            "n3 red through the stream",
+            lambda d: node_button(d, "n3", "FAILING"),
+        )
+        await asyncio.to_thread(
+            wait,
+            browser,
+            STREAM_S,
+            "the isolation in the event panel",
+            lambda d: d.find_elements(By.CSS_SELECTOR, '#events li[data-kind="node.isolated"]'),
+        )
+        await asyncio.to_thread(shot, browser, "token-stream")
+        # this controller has no job manager: the jobs view says so
+        await asyncio.to_thread(browser.get, f"{base}/ui/#/jobs")
+        await asyncio.to_thread(
+            wait,
+            browser,
+            10,
+            "the no-job-API note",
+            lambda d: "No job API" in d.find_element(By.ID, "view").text,
+        )
+
+
+@dataclass
+class NoNodes:
+    """A region without node records: a submitted job stays queued."""
+
+    records: Mapping[str, NodeRecord] = field(default_factory=dict)
+
+
+async def test_the_jobs_view_lists_the_job_manager_s_jobs(
+    browser: WebDriver, nc: Client, subjects: Subjects
+) -> None:
+    async with api_env(nc, subjects) as env:
+        js = nc.jetstream(timeout=5)
+        manager = JobManager(
+            nc, js, await JobStore.open(js, subjects), NoNodes(), subjects, "r1", clock=env.clock
+        )
+        job = await manager.submit(dict(JOB))
+        app = make_app(env.controller, env.source, jobs=manager)
+        async with serve(app) as base:
+            await asyncio.to_thread(browser.get, f"{base}/ui/#/jobs")
+            row = await asyncio.to_thread(
+                wait,
+                browser,
+                10,
+                "the job's row",
+                lambda d: d.find_elements(By.CSS_SELECTOR, f'#jobs tr[data-job="{job.job_id}"]'),
+            )
+            assert row[0].get_attribute("data-state") == "queued"
+            assert "llm-small" in row[0].text
+            await asyncio.to_thread(shot, browser, "jobs")

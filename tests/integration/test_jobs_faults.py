@@ -1,0 +1,94 @@
+"""End to end with healthy hardware: a hung rank, a job that always crashes, preemption.
+
+Same region as test_jobs_e2e.py: real agents running real trainer processes, real NATS,
+the region controller and the job manager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+
+from proto.jobs import TERMINAL_JOB_STATES
+from proto.subjects import Subjects
+from tests.integration.test_jobs_e2e import JobsEnv, expected_digest, jobs_env
+from tests.waiting import wait_until
+
+
+@pytest.fixture
+async def env(
+    tmp_path: Path, nats_url: str, nc: Client, subjects: Subjects
+) -> AsyncIterator[JobsEnv]:
+    async with jobs_env(tmp_path, nats_url, nc, subjects) as e:
+        yield e
+
+
+async def test_a_hung_rank_is_detected_and_restarted_from_its_checkpoint(env: JobsEnv) -> None:
+    steps, hang_at, timeout = 200, 30, 2.0
+    job_id = await env.submit(
+        "hangs",
+        steps,
+        checkpoint_every=0.5,
+        hang_timeout=timeout,
+        trainer_args=["--hang-at-step", str(hang_at), "--fault-rank", "1", "--faults-only-fresh"],
+    )
+    first = await env.wait_state(job_id, {"running"})
+    await wait_until(lambda: bool(env.of("job.hung", job_id)), 30, "job.hung")
+    hung = env.of("job.hung", job_id)[0]
+    last_steps = dict(p.split("=") for p in str(hung.attributes["last_steps"]).split(","))
+    assert int(last_steps["1"]) == hang_at  # the hung rank's last step, per member
+    # detected within hang_timeout of the last progress (plus a tick and a heartbeat)
+    await wait_until(lambda: bool(env.of("job.rescheduled", job_id)), 30, "restart")
+    restarted = env.job(job_id)
+    assert restarted.placement == first.placement  # healthy nodes: the same ones
+    chosen = env.of("job.checkpointed", job_id)[0].attributes
+    assert chosen["fresh"] is False  # the last periodic one: a hung rank cannot checkpoint
+    assert restarted.resumed_from_step == chosen["step"]
+    assert restarted.resumed_from_step > 0
+    done = await env.wait_state(job_id, TERMINAL_JOB_STATES, 60)
+    assert done.state == "succeeded", done.history
+    assert done.digest == expected_digest(steps)
+    assert done.crashes == 1
+
+
+async def test_a_job_that_always_crashes_fails_without_blocking_the_fleet(env: JobsEnv) -> None:
+    crasher = await env.submit(
+        "crashes", 100, max_restarts=2, checkpoint_every=0.3, trainer_args=["--crash-at-step", "15"]
+    )
+    good = await env.submit("good", 60)
+    failed = await env.wait_state(crasher, TERMINAL_JOB_STATES, 60)
+    assert failed.state == "failed"
+    assert "restart budget of 2 spent" in failed.reason
+    assert len(env.of("job.crashed", crasher)) == 3
+    assert env.of("job.failed", crasher)
+    ok = await env.wait_state(good, TERMINAL_JOB_STATES, 60)
+    assert ok.state == "succeeded"
+    assert ok.restarts == 0  # never disturbed by its neighbour's crashes
+    # the failed job's nodes are free again: a gang needing them is placed
+    after = await env.submit("after", 20, nodes=8)
+    done = await env.wait_state(after, TERMINAL_JOB_STATES, 60)
+    assert done.state == "succeeded"
+    assert done.digest == expected_digest(20)
+    env.invariant()
+
+
+async def test_preemption_checkpoints_the_victim_which_later_resumes(env: JobsEnv) -> None:
+    low = await env.submit("low", 100, nodes=8, preemptible=True, priority=1)
+    await env.wait_step(low, 20)
+    high = await env.submit("high", 30, nodes=4, priority=9)
+    await wait_until(lambda: bool(env.of("job.preempted", low)), 30, "job.preempted")
+    await env.wait_state(high, {"running"})
+    victim = env.job(low)
+    assert victim.state == "queued"  # back in the queue, not lost
+    assert victim.last_checkpoint is not None
+    assert victim.last_checkpoint.step >= 20
+    env.invariant()
+    assert (await env.wait_state(high, TERMINAL_JOB_STATES, 60)).state == "succeeded"
+    done = await env.wait_state(low, TERMINAL_JOB_STATES, 60)
+    assert done.state == "succeeded", done.history
+    assert done.resumed_from_step == victim.last_checkpoint.step
+    assert done.digest == expected_digest(100)
+    env.invariant()

@@ -1,0 +1,280 @@
+"""The Slurm bridge against a real Slurm (tests/integration/test_slurm_harness.py), a real
+RegionController and its HTTP API over the session nats-server.
+
+A requeueable job runs examples/trainer.py on mgnode1; an uncorrectable ECC error fed to
+the controller isolates the node -> Slurm drains it with the metalguard reason, the job
+is asked to checkpoint (SIGUSR1) and requeued; the operator's uncordon through the API
+resumes the node and the job finishes from its checkpoint with the digest of an
+uninterrupted run.  A node an operator drained by hand is never resumed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from controller.api import make_app
+from controller.slurm.bridge import SlurmBridge
+from controller.slurm.config import BridgeConfig, JobsSection, SlurmSection
+from controller.slurm.runner import SlurmRunner
+from controller.slurm.tools import SlurmTools
+from proto.codec import decode
+from proto.events import ControllerEvent, NodeEvent
+from proto.subjects import Subjects
+from tests.integration.api_env import ADMIN_TOKEN, ApiEnv, api_env, batch
+from tests.integration.test_slurm_harness import DEAD_NODE, NODE, SlurmCluster, slurm
+from tests.waiting import wait_for_value, wait_until
+
+__all__ = ["slurm"]  # the fixture, imported for this module's tests
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER = REPO / "examples" / "trainer.py"
+STEPS = 60
+STEP_S = 0.05
+DEADLINE_S = 30.0
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+SIGUSR1_BIT = 1 << (10 - 1)
+
+
+@pytest.fixture
+async def env(nc: Client, subjects: Subjects) -> AsyncIterator[ApiEnv]:
+    """A controller for r1 knowing r1.c1.mgnode1 and r1.c1.mgnode2 (both healthy)."""
+    async with api_env(nc, subjects) as e:
+        await e.feed(batch("c1", NODE, 1), batch("c1", DEAD_NODE, 1))
+        yield e
+
+
+@pytest.fixture
+async def api(env: ApiEnv) -> AsyncIterator[TestClient[Any, Any]]:
+    app = make_app(env.controller, env.source, admin_tokens={ADMIN_TOKEN}, keepalive_s=0.05)
+    async with TestClient(TestServer(app)) as client:
+        yield client
+
+
+def new_bridge(env: ApiEnv, slurm: SlurmCluster) -> SlurmBridge:
+    cfg = BridgeConfig(
+        region="r1",
+        cluster="c1",
+        slurm=SlurmSection(conf=str(slurm.conf), poll_s=0.2, attempts=2, backoff_s=0.1),
+        jobs=JobsSection(checkpoint_wait_s=1.0),
+    )
+    return SlurmBridge(env.js, env.subjects, cfg, SlurmTools(SlurmRunner(cfg.slurm), "auto"))
+
+
+@pytest.fixture
+async def bridge(env: ApiEnv, slurm: SlurmCluster) -> AsyncIterator[SlurmBridge]:
+    b = new_bridge(env, slurm)
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.stop()
+
+
+async def stream_messages(js: JetStreamContext, stream: str) -> list[bytes]:
+    info = await js.stream_info(stream)
+    if info.state.messages == 0:
+        return []
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        out.append((await js.get_msg(stream, seq)).data or b"")
+    return out
+
+
+async def control_events(env: ApiEnv) -> list[ControllerEvent]:
+    raw = await stream_messages(env.js, env.subjects.stream_control)
+    return [decode(m, ControllerEvent) for m in raw]
+
+
+def kinds(events: list[ControllerEvent], node: str) -> list[str]:
+    return [e.kind for e in events if e.node is not None and e.node.node == node]
+
+
+async def operator(api: TestClient[Any, Any], node: str, action: str, reason: str) -> None:
+    body = {"reason": reason, "who": "alice"}
+    response = await api.post(f"/v1/nodes/r1.c1.{node}/{action}", json=body, headers=ADMIN)
+    assert response.status == 200, await response.text()
+
+
+def trainer_ready(checkpoint_dir: Path) -> bool:
+    """A trainer process for this directory runs and has its SIGUSR1 handler installed
+    (before that, SIGUSR1 would kill it)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            status = (proc / "status").read_text()
+        except OSError:
+            continue
+        if str(checkpoint_dir).encode() not in cmdline:
+            continue
+        caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+        if int(caught.split()[1], 16) & SIGUSR1_BIT:
+            return True
+    return False
+
+
+def uninterrupted_digest(tmp: Path) -> str:
+    """The digest of a run that was never stopped (same steps, no sleeping)."""
+    out = subprocess.run(
+        [
+            *(sys.executable, str(TRAINER), "--steps", str(STEPS), "--step-seconds", "0"),
+            *("--checkpoint-dir", str(tmp / "plain"), "--no-client"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    return next(line for line in out.splitlines() if line.startswith("digest=")).split("=", 1)[1]
+
+
+def submit_trainer(slurm: SlurmCluster, tmp: Path) -> tuple[str, Path, Path]:
+    """sbatch a requeueable trainer; (job id, its output file, its checkpoint dir)."""
+    ckpt, out = tmp / "ckpt", tmp / "trainer.out"
+    script = tmp / "train.sbatch"
+    script.write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --requeue\n"
+        "#SBATCH --open-mode=append\n"
+        f"#SBATCH --output={out}\n"
+        'echo "start restart=${SLURM_RESTART_COUNT:-0}"\n'
+        f"exec {sys.executable} {TRAINER} --steps {STEPS} --step-seconds {STEP_S} "
+        f"--resume auto --checkpoint-dir {ckpt} --no-client\n"
+    )
+    reply = slurm.run("sbatch", "--parsable", f"--chdir={tmp}", str(script))
+    return reply.strip().split(";")[0], out, ckpt
+
+
+async def test_isolation_drains_checkpoints_requeues_and_uncordon_resumes(
+    env: ApiEnv,
+    api: TestClient[Any, Any],
+    bridge: SlurmBridge,
+    slurm: SlurmCluster,
+    tmp_path: Path,
+) -> None:
+    job, out, ckpt = submit_trainer(slurm, tmp_path)
+    await wait_until(lambda: trainer_ready(ckpt), DEADLINE_S, "the trainer to run on mgnode1")
+    assert slurm.jobs()[job].nodes == (NODE,)
+
+    fault_ts = time.monotonic()
+    await env.feed(batch("c1", NODE, 2, ue=1))  # the fault, through metalguard
+
+    def drained_and_requeued(state: tuple[Any, Any]) -> bool:
+        node, j = state
+        return bool(node.drained and j.state == "PENDING")
+
+    node, _ = await wait_for_value(
+        lambda: _async(lambda: (slurm.nodes()[NODE], slurm.jobs()[job])),
+        drained_and_requeued,
+        DEADLINE_S,
+        "mgnode1 drained and the job requeued",
+    )
+    print(f"fault -> drained and requeued: {time.monotonic() - fault_ts:.2f} s")
+    assert node.reason.startswith("metalguard: node.isolated: "), node.reason
+    text = out.read_text()
+    signalled = text.find("checkpoint step=")  # SIGUSR1's checkpoint, before the requeue
+    assert 0 <= signalled < text.find("DUE TO JOB REQUEUE"), text
+    events = await control_events(env)
+    assert kinds(events, NODE) == [
+        "node.isolated",
+        "slurm.drained",
+        "slurm.job_signalled",
+        "slurm.job_requeued",
+    ]
+    assert not slurm.nodes()[NODE].down
+
+    uncordon_ts = time.monotonic()
+    await operator(api, NODE, "uncordon", "DIMM replaced")
+
+    text = await wait_for_value(
+        lambda: _async(lambda: out.read_text()),
+        lambda t: "digest=" in t,
+        DEADLINE_S,
+        "the requeued job to finish",
+    )
+    print(f"uncordon -> job finished: {time.monotonic() - uncordon_ts:.2f} s")
+    assert not slurm.nodes()[NODE].drained
+    lines = text.splitlines()
+    assert lines[0] == "start restart=0"
+    assert "start restart=1" in lines, text
+    resumed = next(line for line in lines if line.startswith("resumed step="))
+    assert int(resumed.split()[1].split("=")[1]) > 0, resumed
+    assert lines[-1] == f"digest={uninterrupted_digest(tmp_path)}"
+    assert kinds(await control_events(env), NODE)[-2:] == ["node.uncordoned", "slurm.resumed"]
+
+
+async def test_a_node_drained_by_hand_is_never_resumed(
+    env: ApiEnv, api: TestClient[Any, Any], bridge: SlurmBridge, slurm: SlurmCluster
+) -> None:
+    slurm.run("scontrol", "update", f"NodeName={DEAD_NODE}", "State=DRAIN", "Reason=disk swap")
+
+    await operator(api, DEAD_NODE, "maintenance", "PSU swap")
+    await operator(api, DEAD_NODE, "uncordon", "PSU back")
+
+    def skipped_uncordon(events: list[ControllerEvent]) -> bool:
+        return any(
+            e.kind == "slurm.skipped" and e.attributes.get("cause") == "node.uncordoned"
+            for e in events
+        )
+
+    events = await wait_for_value(
+        lambda: control_events(env), skipped_uncordon, DEADLINE_S, "the bridge to skip"
+    )
+    node = slurm.nodes()[DEAD_NODE]
+    assert node.drained
+    assert node.reason == "disk swap"
+    assert "slurm.resumed" not in kinds(events, DEAD_NODE)
+    assert "slurm.drained" not in kinds(events, DEAD_NODE)  # its reason was never replaced
+
+    # Slurm's own view flows back: the node it reports DOWN is a signal in metalguard.
+    def slurm_down(raw: list[bytes]) -> bool:
+        return any(_node_event(m, "slurm_down") for m in raw)
+
+    raw = await wait_for_value(
+        lambda: stream_messages(env.js, env.subjects.stream_events),
+        slurm_down,
+        DEADLINE_S,
+        "a slurm_down NodeEvent",
+    )
+    down = next(e for m in raw if (e := _node_event(m, "slurm_down")) is not None)
+    assert (down.node.region, down.node.cluster, down.node.node) == ("r1", "c1", DEAD_NODE)
+    assert down.severity == "warning"
+    assert down.source == "slurm"
+    assert str(down.attributes["state"]).startswith("DOWN")
+
+
+async def test_a_bridge_started_after_an_isolation_drains_the_node_from_the_records(
+    env: ApiEnv, slurm: SlurmCluster
+) -> None:
+    await env.feed(batch("c1", NODE, 2, ue=1))  # isolated while no bridge runs
+    late = new_bridge(env, slurm)
+
+    assert await late.reconcile() == 1
+    node = slurm.nodes()[NODE]
+    assert node.drained
+    assert node.reason.startswith("metalguard: node.isolated: "), node.reason
+    drained = [e for e in await control_events(env) if e.kind == "slurm.drained"]
+    assert len(drained) == 1
+    assert str(drained[0].attributes["cause_event_id"]).startswith("reconcile@")
+
+    assert await late.reconcile() == 1  # again, as after a restart: nothing new
+    assert [e.kind for e in await control_events(env)].count("slurm.drained") == 1
+    assert slurm.nodes()[NODE].reason == node.reason
+
+
+def _node_event(raw: bytes, kind: str) -> NodeEvent | None:
+    event = decode(raw, NodeEvent)
+    return event if event.kind == kind else None
+
+
+async def _async(fn: Any) -> Any:
+    return fn()

@@ -1,0 +1,80 @@
+"""The runner in this process, without NATS: abandon (a simulated dead node) and close."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from agent.workload.runner import LaunchSpec, Runner, RunnerSettings
+from examples import trainer
+from proto.base import NodeIdentity
+from proto.events import NodeEvent
+from tests.waiting import wait_until
+
+ME = NodeIdentity(region="r1", cluster="c1", node="n1")
+TRAINER = str(Path(__file__).parents[2] / "examples" / "trainer.py")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _runner(tmp_path: Path, events: list[NodeEvent]) -> Runner:
+    async def emit(event: NodeEvent) -> None:
+        events.append(event)
+
+    settings = RunnerSettings(
+        tmp_path / "work", str(tmp_path / "wl.sock"), stop_grace_s=5.0, progress_interval_s=0.1
+    )
+    return Runner(lambda: ME, emit, settings)
+
+
+def _spec(job: str, *args: str) -> LaunchSpec:
+    return LaunchSpec(job_id=job, command=sys.executable, args=(TRAINER, *args))
+
+
+async def test_abandon_kills_at_once_and_reports_nothing(tmp_path: Path) -> None:
+    events: list[NodeEvent] = []
+    runner = _runner(tmp_path, events)
+    await runner.start()
+    try:
+        member = await runner.launch(_spec("a", "--steps", "100000", "--step-seconds", "0.01"))
+        await wait_until(lambda: member.step > 2, 10, "heartbeats over the socket")
+        seen = len(events)
+        runner.abandon()
+        await wait_until(lambda: not _alive(member.pid), 10, "the member to be killed")
+        await member.exited.wait()
+        assert member.exit is not None
+        assert member.exit.signal == "SIGKILL"
+        assert len(events) == seen  # a dead node says nothing
+        assert not [e for e in events if e.kind == "job_exited"]
+    finally:
+        await runner.close()
+
+
+async def test_close_stops_members_gracefully_and_reports(tmp_path: Path) -> None:
+    events: list[NodeEvent] = []
+    runner = _runner(tmp_path, events)
+    await runner.start()
+    member = await runner.launch(_spec("b", "--steps", "100000", "--step-seconds", "0.01"))
+    await wait_until(lambda: member.step > 2, 10, "heartbeats over the socket")
+    await runner.close()
+    assert member.exit is not None
+    assert member.exit.exit_code == trainer.EXIT_STOPPED
+    assert member.exit.stopped
+    exited = [e for e in events if e.kind == "job_exited"]
+    assert len(exited) == 1
+    # the trainer's stop checkpoint was reported before the exit
+    kinds = [e.kind for e in events]
+    assert kinds.index("job_checkpointed") < kinds.index("job_exited")
+    assert not _socket_left(tmp_path / "wl.sock")
+
+
+def _socket_left(path: Path) -> bool:
+    """Whether the socket file is still there (close removes it)."""
+    return os.path.exists(path)

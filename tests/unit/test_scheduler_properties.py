@@ -1,0 +1,351 @@
+"""Scheduler properties against an independent brute-force oracle on small fleets."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controller.scheduler import (
+    LEVELS,
+    FleetNode,
+    JobRequest,
+    Level,
+    Placement,
+    RunningJob,
+    place,
+    plan_preemption,
+    schedule_queue,
+)
+
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def fleets(draw: st.DrawFn, max_nodes: int = 8, one_rack: bool = False) -> list[FleetNode]:
+    """Small fleets; ``one_rack``: every node in rack r1/z1/c1/a, on leaf l1 or l2."""
+    count = draw(st.integers(3, max_nodes))
+    nodes = []
+    for i in range(count):
+        nodes.append(
+            FleetNode(
+                handle=f"n{i}",
+                region=draw(st.sampled_from(["r1", "r1", "r1", "r2"])),
+                cluster=draw(st.sampled_from(["c1", "c1", "c2"])),
+                zone=draw(st.sampled_from(["z1", "z1", "z2"])),
+                rack=draw(st.sampled_from(["a", "a", "b", ""])),
+                leaf=draw(st.sampled_from(["l1", "l2"] if one_rack else ["", "l1", "l2"])),
+                gpus=draw(st.sampled_from([4, 8, 8])),
+                gpu_type=draw(st.sampled_from(["h100", "h100", "h100", "a100"])),
+                cpu_cores=draw(st.sampled_from([8, 16])),
+                memory_gb=draw(st.sampled_from([64, 128])),
+                bandwidth_tier=draw(st.sampled_from([1, 2, 2])),
+                grade=draw(
+                    st.sampled_from(["HEALTHY"] * 8 + ["SUB_HEALTHY", "FAILING", "MAINTENANCE"])
+                ),
+                cordoned=draw(st.sampled_from([False] * 7 + [True])),
+            )
+        )
+    if one_rack:
+        nodes = [replace(n, region="r1", zone="z1", cluster="c1", rack="a") for n in nodes]
+    return nodes
+
+
+@st.composite
+def requests(draw: st.DrawFn, job_id: str = "new", max_nodes: int = 4) -> JobRequest:
+    whole = draw(st.sampled_from([False, False, True]))
+    return JobRequest(
+        job_id=job_id,
+        nodes=draw(st.sampled_from([1, 1, 2, 2, 3, 4][: max_nodes + 2])),
+        tenant=draw(st.sampled_from(["t1", "t2", "t3"])),
+        gpus_per_node=0 if whole else draw(st.sampled_from([0, 2, 4, 8])),
+        gpu_type=draw(st.sampled_from(["", "", "", "h100", "a100"])),
+        cpu=0 if whole else draw(st.sampled_from([1, 4, 8])),
+        memory_gb=0 if whole else draw(st.sampled_from([0, 32, 64])),
+        bandwidth_tier=draw(st.sampled_from([0, 0, 0, 1, 2])),
+        max_spread=draw(st.sampled_from(LEVELS)),
+        allowed_regions=draw(st.sampled_from([(), (), (), ("r1",), ("r2",)])),
+        priority=draw(st.integers(0, 5)),
+        preemptible=draw(st.booleans()),
+        sensitive=draw(st.sampled_from([False, False, False, True])),
+        exclude=frozenset(draw(st.lists(st.sampled_from([f"n{i}" for i in range(8)]), max_size=1))),
+    )
+
+
+@st.composite
+def situations(
+    draw: st.DrawFn,
+    max_nodes: int = 8,
+    max_jobs: int = 4,
+    preemption: bool = False,
+    one_rack: bool = False,
+) -> tuple[list[FleetNode], list[RunningJob], JobRequest]:
+    """A fleet, jobs holding some of its nodes, and a new request.
+
+    With ``preemption`` the running jobs are mostly low-priority and preemptible and the
+    request outranks them, so that victim sets are worth searching.
+    """
+    nodes = draw(fleets(max_nodes, one_rack))
+    running: list[RunningJob] = []
+    for j in range(draw(st.integers(1 if preemption else 0, max_jobs))):
+        req = draw(requests(f"run{j}", max_nodes=3))
+        holders = draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=3, unique=True))
+        changes: dict[str, object] = {"nodes": len(holders)}
+        if preemption:
+            changes["priority"] = draw(st.integers(0, 3))
+            changes["preemptible"] = draw(st.sampled_from([True, True, True, False]))
+        running.append(RunningJob(replace(req, **changes), tuple(n.handle for n in holders)))  # type: ignore[arg-type]
+    req = draw(requests())
+    if preemption:
+        spread = draw(st.sampled_from(LEVELS[1:]))
+        req = replace(
+            req,
+            priority=draw(st.integers(2, 5)),
+            gpu_type="",
+            allowed_regions=(),
+            max_spread=spread,
+        )
+    return nodes, running, req
+
+
+# --- the oracle: written from the rules, not from the implementation ----------------
+
+
+def _leaf(node: FleetNode) -> tuple[str, ...]:
+    return (node.region, node.zone, node.cluster, node.rack or node.handle, node.leaf)
+
+
+def _group(node: FleetNode, level: Level) -> tuple[str, ...]:
+    keys = {
+        "rack": (node.region, node.zone, node.cluster, node.rack or node.handle),
+        "cluster": (node.region, node.zone, node.cluster),
+        "zone": (node.region, node.zone),
+        "region": (node.region,),
+    }
+    return keys[level]
+
+
+def _span(chosen: Sequence[FleetNode]) -> int:
+    for i, level in enumerate(LEVELS):
+        if len({_group(n, level) for n in chosen}) == 1:
+            return i
+    return len(LEVELS)
+
+
+def _exclusive(req: JobRequest) -> bool:
+    return req.gpus_per_node == 0 and req.cpu == 0 and req.memory_gb == 0
+
+
+def _member_ok(node: FleetNode, req: JobRequest, running: Sequence[RunningJob]) -> bool:
+    if node.grade != "HEALTHY" or node.cordoned or node.handle in req.exclude:
+        return False
+    if req.allowed_regions and node.region not in req.allowed_regions:
+        return False
+    if req.gpu_type and node.gpu_type != req.gpu_type:
+        return False
+    if node.bandwidth_tier < req.bandwidth_tier:
+        return False
+    here = [j.request for j in running if node.handle in j.placement]
+    if _exclusive(req):
+        return not here
+    if any(_exclusive(r) for r in here):
+        return False
+    gpus = sum(r.gpus_per_node for r in here) + req.gpus_per_node
+    cpu = sum(r.cpu for r in here) + req.cpu
+    mem = sum(r.memory_gb for r in here) + req.memory_gb
+    return gpus <= node.gpus and cpu <= node.cpu_cores and mem <= node.memory_gb
+
+
+def _tenants_ok(
+    chosen: Sequence[FleetNode],
+    req: JobRequest,
+    nodes: Sequence[FleetNode],
+    running: Sequence[RunningJob],
+) -> bool:
+    by_handle = {n.handle: n for n in nodes}
+    for leaf in {_leaf(n) for n in chosen}:
+        for job in running:
+            if not any(_leaf(by_handle[h]) == leaf for h in job.placement):
+                continue
+            other = job.request.tenant != req.tenant
+            if other and (req.sensitive or job.request.sensitive):
+                return False
+    return True
+
+
+def _feasible(
+    chosen: Sequence[FleetNode],
+    req: JobRequest,
+    nodes: Sequence[FleetNode],
+    running: Sequence[RunningJob],
+) -> bool:
+    return (
+        len(chosen) == req.nodes
+        and len({n.handle for n in chosen}) == req.nodes
+        and all(_member_ok(n, req, running) for n in chosen)
+        and _tenants_ok(chosen, req, nodes, running)
+        and _span(chosen) <= LEVELS.index(req.max_spread)
+    )
+
+
+def _tightest(
+    req: JobRequest, nodes: Sequence[FleetNode], running: Sequence[RunningJob]
+) -> int | None:
+    """The tightest level index over every feasible gang (None: no gang fits)."""
+    spans = [
+        _span(combo)
+        for combo in itertools.combinations(nodes, req.nodes)
+        if _feasible(combo, req, nodes, running)
+    ]
+    return min(spans) if spans else None
+
+
+def _check(
+    placed: Placement, req: JobRequest, nodes: Sequence[FleetNode], running: Sequence[RunningJob]
+) -> None:
+    by_handle = {n.handle: n for n in nodes}
+    chosen = [by_handle[h] for h in placed.nodes]
+    assert len(placed.nodes) == req.nodes, "partial gang"
+    assert all(n.grade == "HEALTHY" and not n.cordoned for n in chosen), "non-HEALTHY node"
+    assert all(_member_ok(n, req, running) for n in chosen), "over capacity or wrong kind"
+    assert _tenants_ok(chosen, req, nodes, running), "anti-affinity broken"
+    assert _span(chosen) == LEVELS.index(placed.level)
+    assert all(_group(n, placed.level) == placed.group for n in chosen)
+
+
+# --- properties -------------------------------------------------------------------
+
+
+@SETTINGS
+@given(situations())
+def test_placement_is_valid_and_tightest(
+    case: tuple[list[FleetNode], list[RunningJob], JobRequest],
+) -> None:
+    nodes, running, req = case
+    placed = place(req, nodes, running)
+    best = _tightest(req, nodes, running)
+    if best is None:
+        assert placed is None
+        return
+    assert placed is not None, "a gang fits but none was placed"
+    _check(placed, req, nodes, running)
+    assert LEVELS.index(placed.level) == best, "not the tightest level that fits"
+
+
+@SETTINGS
+@given(situations(one_rack=True))
+def test_sensitive_tenants_never_share_a_leaf(
+    case: tuple[list[FleetNode], list[RunningJob], JobRequest],
+) -> None:
+    """Crowded single-rack fleets: the case where the leaf rule decides most often."""
+    nodes, running, req = case
+    placed = place(req, nodes, running)
+    if _tightest(req, nodes, running) is None:
+        assert placed is None
+    else:
+        assert placed is not None
+        _check(placed, req, nodes, running)
+
+
+@SETTINGS
+@given(situations(max_nodes=7, max_jobs=4, preemption=True))
+def test_preemption_victims_are_minimal(
+    case: tuple[list[FleetNode], list[RunningJob], JobRequest],
+) -> None:
+    nodes, running, req = case
+    plan = plan_preemption(req, nodes, running)
+    if _tightest(req, nodes, running) is not None:
+        assert plan is None, "preempted although the job fits"
+        return
+    candidates = [j for j in running if j.request.preemptible and j.request.priority < req.priority]
+    fewest = None
+    for k in range(1, len(candidates) + 1):
+        for combo in itertools.combinations(candidates, k):
+            gone = {j.request.job_id for j in combo}
+            if (
+                _tightest(req, nodes, [j for j in running if j.request.job_id not in gone])
+                is not None
+            ):
+                fewest = k
+                break
+        if fewest is not None:
+            break
+    if fewest is None:
+        assert plan is None
+        return
+    assert plan is not None, "preemption would help but none was planned"
+    assert len(plan.victims) == fewest, "not the fewest victims"
+    by_id = {j.request.job_id: j for j in running}
+    assert all(
+        by_id[v].request.preemptible and by_id[v].request.priority < req.priority
+        for v in plan.victims
+    )
+    rest = [j for j in running if j.request.job_id not in plan.victims]
+    _check(plan.placement, req, nodes, rest)
+
+
+@SETTINGS
+@given(situations(max_nodes=7, max_jobs=4, preemption=True))
+def test_greedy_preemption_is_valid_and_keeps_no_needless_victim(
+    case: tuple[list[FleetNode], list[RunningJob], JobRequest],
+) -> None:
+    """The big-fleet fallback (budget exhausted at once): not minimal, but every victim
+    is needed and the placement is valid."""
+    nodes, running, req = case
+    plan = plan_preemption(req, nodes, running, budget=0)
+    exact = plan_preemption(req, nodes, running)
+    assert (plan is None) == (exact is None)
+    if plan is None:
+        return
+    rest = [j for j in running if j.request.job_id not in plan.victims]
+    _check(plan.placement, req, nodes, rest)
+    for spared in plan.victims:
+        others = [
+            j for j in running if j.request.job_id not in plan.victims or j.request.job_id == spared
+        ]
+        assert _tightest(req, nodes, others) is None, f"{spared} did not need to go"
+
+
+@SETTINGS
+@given(
+    situations(max_nodes=7, max_jobs=3, preemption=True),
+    st.lists(requests(max_nodes=3), min_size=1, max_size=4),
+)
+def test_queue_pass_keeps_every_invariant(
+    case: tuple[list[FleetNode], list[RunningJob], JobRequest], reqs: list[JobRequest]
+) -> None:
+    nodes, running, first = case
+    queue = [replace(r, job_id=f"q{i}") for i, r in enumerate([first, *reqs])]
+    result = schedule_queue(queue, nodes, running)
+    decided = [p.job_id for p in result.placements] + [p.job_id for p in result.preemptions]
+    decided += [b.job_id for b in result.blocked]
+    assert sorted(decided) == sorted(r.job_id for r in queue), "a job was lost or decided twice"
+    victims = [v for p in result.preemptions for v in p.victims]
+    assert len(victims) == len(set(victims)), "a job preempted twice"
+    by_id = {r.job_id: r for r in queue}
+    running_ids = {j.request.job_id: j for j in running}
+    for plan in result.preemptions:
+        for v in plan.victims:
+            victim = running_ids[v].request
+            assert victim.preemptible
+            assert victim.priority < by_id[plan.job_id].priority
+    # the state once the victims stop and every decision is carried out
+    after = [j for j in running if j.request.job_id not in victims]
+    decisions = [*result.placements, *(p.placement for p in result.preemptions)]
+    for placed in decisions:
+        _check(
+            placed,
+            by_id[placed.job_id],
+            nodes,
+            [j for j in after if j.request.job_id != placed.job_id],
+        )
+        after.append(RunningJob(by_id[placed.job_id], placed.nodes))
+    order = {r.job_id: (-r.priority, r.submitted_ts, r.job_id) for r in queue}
+    for placed in result.placements:
+        ahead = {
+            h for b in result.blocked if order[b.job_id] < order[placed.job_id] for h in b.reserved
+        }
+        assert not set(placed.nodes) & ahead, "backfill took a node reserved for a job ahead of it"

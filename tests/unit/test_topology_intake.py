@@ -1,0 +1,45 @@
+"""The region controller's batch intake feeds the topology view (real NATS, KV)."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+
+from controller.region import RegionController
+from controller.state import NodeStore
+from controller.topology import ClusterTopology, TopologySection, TopologyView
+from proto.base import NodeIdentity
+from proto.subjects import Subjects
+from proto.telemetry import TelemetryBatch
+from proto.topology import NodeTopology
+from tests.clock import T0, ManualClock
+
+
+async def test_batches_feed_the_view_and_the_config_overrides(
+    nc: Client, subjects: Subjects
+) -> None:
+    js = nc.jetstream(timeout=5)
+    clock = ManualClock()
+    view = TopologyView(TopologySection(clusters={"c1": ClusterTopology(zone="z7")}))
+    region = RegionController(
+        js, await NodeStore.open(js, subjects), subjects, "r1", clock=clock, topology=view
+    )
+    await region.start()
+    try:
+        reported = NodeTopology(
+            zone="z1", rack="k2", leaf="k2-l1", gpus=8, gpu_type="h100", cpu_cores=64
+        )
+        for seq, name in enumerate(("n1", "n2"), start=1):
+            identity = NodeIdentity(region="r1", cluster="c1", node=name)
+            topo = reported if name == "n1" else None
+            batch = TelemetryBatch(
+                node=identity, seq=seq, ts=T0 + seq, interval_s=5.0, topology=topo
+            )
+            await region.on_batch(batch, T0 + seq)
+        fleet = {n.handle: n for n in region.topology.fleet(region.store.records)}
+        assert set(fleet) == {"r1.c1.n1", "r1.c1.n2"}
+        n1, n2 = fleet["r1.c1.n1"], fleet["r1.c1.n2"]
+        assert (n1.zone, n1.rack, n1.leaf, n1.gpus, n1.gpu_type) == ("z7", "k2", "k2-l1", 8, "h100")
+        assert n1.schedulable
+        assert (n2.zone, n2.rack, n2.gpus) == ("z7", "", 0), "no report: only the config"
+    finally:
+        await region.stop()
