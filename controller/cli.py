@@ -74,6 +74,13 @@ def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="run the demo: embedded NATS, a controller and a simulated fleet playing faults",
     )
     demo.add_argument("--duration", type=float, default=None, help="stop by itself after S seconds")
+    demo.add_argument(
+        "--regions",
+        type=int,
+        default=None,
+        help="regions, one controller each (default 2; with --scenario: the highest it names)",
+    )
+    demo.add_argument("--clusters", type=int, default=1, help="clusters per region (default 1)")
     demo.add_argument("--racks", type=int, default=4, help="racks of simulated nodes (default 4)")
     demo.add_argument(
         "--nodes-per-rack", type=int, default=8, help="simulated nodes per rack (default 8)"
@@ -161,9 +168,14 @@ def _run_demo(args: argparse.Namespace) -> int:
             "metalguard: --racks, --nodes-per-rack and --interval must be positive", file=sys.stderr
         )
         return 2
+    if (args.regions is not None and args.regions < 1) or args.clusters < 1:
+        print("metalguard: --regions and --clusters must be positive", file=sys.stderr)
+        return 2
     options = DemoOptions(
         duration_s=args.duration,
         prefix=args.prefix,
+        regions=args.regions,
+        clusters=args.clusters,
         racks=args.racks,
         nodes_per_rack=args.nodes_per_rack,
         interval_s=args.interval,

@@ -10,6 +10,7 @@ A scenario is TOML::
     kind = "ecc_ue"
     count = 1        # optional: errors per application (per tick for ecc_ce_storm)
     duration_s = 60  # optional: how long an ecc_ce_storm lasts
+    expect = "FAILING"  # optional: the grade the controller should give the node
 
     [[job]]          # optional: a training job submitted at `at` (docs/jobs.md)
     at = 5
@@ -17,6 +18,7 @@ A scenario is TOML::
     nodes = 4
     args = ["examples/trainer.py", "--steps", "1200"]
     checkpoint_every = 5
+    region = "r1"    # optional: the region whose job manager runs it (default: the first)
 
 Errors name the file, the key and the problem, like every other document here.
 """
@@ -32,6 +34,7 @@ import msgspec
 from agent.sim.faults import KNOWN_KINDS
 from proto.base import Token
 from proto.documents import DocumentError, decode_toml, read_text
+from proto.nodes import Grade
 
 
 class ScenarioError(DocumentError):
@@ -46,6 +49,8 @@ class Fault(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     kind: str
     count: Annotated[int, msgspec.Meta(ge=1)] | None = None
     duration_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    expect: Grade | None = None
+    """The grade the controller should give the node (the demo report checks it)."""
 
 
 class ScenarioJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -64,6 +69,8 @@ class ScenarioJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     checkpoint_every: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     hang_timeout: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     max_restarts: Annotated[int, msgspec.Meta(ge=0)] = 3
+    region: str = ""
+    """The region whose job manager runs it (``r2``); empty: the demo's first region."""
 
 
 class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -67,14 +67,14 @@ async def test_fifty_faults_lose_no_job_and_run_none_twice(
     async with jobs_env(
         tmp_path, nats_url, nc, subjects, racks=4, nodes_per_rack=8
     ) as env:  # fmt: skip
-        steps = {}
+        steps: dict[str, int] = {}
         for i in range(JOBS):
             n = rng.choice((2, 3, 4))
-            steps[i] = rng.randrange(50, 100)
+            count = rng.randrange(50, 100)
             job_id = await env.submit(
-                f"chaos-{i}", steps[i], nodes=n, step_s=0.03, checkpoint_every=0.5
+                f"chaos-{i}", count, nodes=n, step_s=0.03, checkpoint_every=0.5
             )
-            steps[job_id] = steps.pop(i)
+            steps[job_id] = count
         await wait_until(
             lambda: sum(s.state == "running" for s in env.manager.jobs.values()) == JOBS,
             30,

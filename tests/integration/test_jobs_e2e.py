@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import time
 from collections.abc import AsyncIterator, Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -105,7 +106,9 @@ class JobsEnv:
         status = await self.manager.submit(doc)
         return status.job_id
 
-    async def wait_state(self, job_id: str, states: set[str], timeout_s: float = 30.0) -> JobStatus:
+    async def wait_state(
+        self, job_id: str, states: AbstractSet[str], timeout_s: float = 30.0
+    ) -> JobStatus:
         await wait_until(
             lambda: self.job(job_id).state in states,
             timeout_s,

@@ -47,6 +47,7 @@ async def test_a_hung_rank_is_detected_and_restarted_from_its_checkpoint(env: Jo
     chosen = env.of("job.checkpointed", job_id)[0].attributes
     assert chosen["fresh"] is False  # the last periodic one: a hung rank cannot checkpoint
     assert restarted.resumed_from_step == chosen["step"]
+    assert restarted.resumed_from_step is not None
     assert restarted.resumed_from_step > 0
     done = await env.wait_state(job_id, TERMINAL_JOB_STATES, 60)
     assert done.state == "succeeded", done.history

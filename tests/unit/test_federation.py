@@ -17,9 +17,12 @@ def record(name: str, grade: str = "HEALTHY", uuid: str = "") -> NodeRecord:
 
 
 def fleet_node(
-    name: str, gpus: int, gpu_type: str, grade: str = "HEALTHY", **kw: bool
+    name: str, gpus: int, gpu_type: str, grade: str = "HEALTHY", cordoned: bool = False
 ) -> FleetNode:
-    return FleetNode(f"r1.c1.{name}", "r1", "c1", gpus=gpus, gpu_type=gpu_type, grade=grade, **kw)
+    handle = f"r1.c1.{name}"
+    return FleetNode(
+        handle, "r1", "c1", gpus=gpus, gpu_type=gpu_type, grade=grade, cordoned=cordoned
+    )
 
 
 def test_summary_counts_grades_and_gpu_capacity_by_type() -> None:

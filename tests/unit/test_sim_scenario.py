@@ -49,7 +49,9 @@ def test_good_file_parses() -> None:
 def test_default_scenario_covers_every_kind_on_the_default_fleet() -> None:
     scenario = load_scenario(DEFAULT)
     assert {f.kind for f in scenario.fault} == set(KNOWN_KINDS)
-    assert unknown_nodes(scenario, fleet_names(1, 1, 4, 8)) == []
+    default_fleet = fleet_names(1, 1, 4, 8) + fleet_names(2, 1, 4, 8)  # two regions
+    assert unknown_nodes(scenario, default_fleet) == []
+    assert all(f.expect for f in scenario.fault)  # every fault says what it should do
 
 
 def test_unknown_kind_lists_the_known_ones() -> None:
