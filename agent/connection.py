@@ -256,6 +256,27 @@ async def _close_quietly(nc: Client) -> None:
         await nc.close()
     except Exception as exc:
         log.debug("NATS: error while closing a client: %s", _describe(exc))
+    await _end_reconnect_task(nc)
+
+
+RECONNECT_TASK_DEADLINE_S = 2.0
+
+
+async def _end_reconnect_task(nc: Client) -> None:
+    """Make sure nats-py's reconnect task is gone after ``close()``.
+
+    nats-py cancels it once; a cancel that lands while the task is between awaits can be
+    absorbed and the task goes on to its next backoff sleep (seen under load: the task
+    outlived the client). Cancel again until it is done, within a deadline.
+    """
+    task: asyncio.Task[None] | None = getattr(nc, "_reconnection_task", None)
+    deadline = asyncio.get_running_loop().time() + RECONNECT_TASK_DEADLINE_S
+    while task is not None and not task.done():
+        if asyncio.get_running_loop().time() > deadline:
+            log.warning("NATS: the client's reconnect task did not end")
+            return
+        task.cancel()
+        await asyncio.wait([task], timeout=0.1)
 
 
 def _describe(exc: BaseException) -> str:
