@@ -143,10 +143,12 @@ def _say(line: str) -> None:
 def _scenario(options: DemoOptions) -> Scenario | None:
     path = options.scenario
     if path is None:
-        if not DEFAULT_SCENARIO.is_file():
+        shipped = REPO_ROOT / DEFAULT_SCENARIO
+        found = [p for p in (DEFAULT_SCENARIO, shipped) if p.is_file()]
+        if not found:
             _say("no scenario (scenarios/default.toml not found here): a healthy fleet")
             return None
-        path = DEFAULT_SCENARIO
+        path = found[0]
     scenario = load_scenario(path)
     _say(f"scenario {path}: {scenario.description or f'{len(scenario.fault)} faults'}")
     return scenario
@@ -678,11 +680,24 @@ class WorkloadFleet(SimFleet):
         return nodes
 
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+"""Where scenarios/ and examples/ are when metalguard runs from its source tree."""
+
+
+def _resolve(arg: str, bases: tuple[Path, ...]) -> str:
+    """``arg`` made absolute when it names a file under one of ``bases`` (first wins)."""
+    for base in bases:
+        if (base / arg).is_file():
+            return str((base / arg).resolve())
+    return arg
+
+
 def scenario_job(entry: ScenarioJob, base: Path, checkpoints: Path) -> dict[str, Any]:
     """The job document the demo submits for a ``[[job]]`` entry: relative paths in
-    ``args`` that exist under ``base`` are made absolute (members run in their own
-    directories), and checkpoints go to ``checkpoints/<name>`` (shared by every node)."""
-    args = [str((base / a).resolve()) if (base / a).is_file() else a for a in entry.args]
+    ``args`` that exist under ``base`` (else the source tree) are made absolute (members
+    run in their own directories), and checkpoints go to ``checkpoints/<name>`` (shared by
+    every node)."""
+    args = [_resolve(a, (base, REPO_ROOT)) for a in entry.args]
     return {
         "name": entry.name,
         "nodes": entry.nodes,
