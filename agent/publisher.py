@@ -34,6 +34,7 @@ from nats.aio.client import Client
 from nats.js.api import PubAck
 
 from agent.backoff import Backoff, Sleep, guarded_task
+from agent.config import NatsSection
 from agent.connection import ClientFactory, Connection, NatsSettings
 from agent.spool import Spool, SpoolEntry
 from proto.codec import encode
@@ -101,6 +102,24 @@ def event_msg_id(event: NodeEvent) -> str:
     """The JetStream message id of a node event."""
     n = event.node
     return f"{n.region}.{n.cluster}.{n.node}:{event.event_id}"
+
+
+def publisher_settings(nats: NatsSection, name: str) -> PublisherSettings:
+    """The publisher settings of an agent's ``[nats]`` section, for a client ``name``."""
+    return PublisherSettings(
+        servers=list(nats.servers),
+        name=name,
+        credentials=nats.credentials or None,
+        nkey_seed=nats.nkey_seed or None,
+        tls_ca=nats.tls_ca or None,
+        tls_cert=nats.tls_cert or None,
+        tls_key=nats.tls_key or None,
+        inbox_prefix=nats.inbox_prefix or None,
+        connect_timeout_s=nats.connect_timeout_s,
+        publish_timeout_s=nats.publish_timeout_s,
+        reconnect_base_s=nats.reconnect_base_s,
+        reconnect_max_s=nats.reconnect_max_s,
+    )
 
 
 class Publisher:

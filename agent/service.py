@@ -26,7 +26,7 @@ from agent.batch import build_batch
 from agent.collection import Collection, UnknownCollectorError, resolve_enabled
 from agent.config import AgentConfig, ConfigError, load_config
 from agent.events import detect_events
-from agent.publisher import Publisher, PublisherSettings
+from agent.publisher import Publisher, publisher_settings
 from agent.sdnotify import notify, watchdog_interval_s
 from agent.seqstore import SeqStore
 from agent.settings import collector_settings, node_identity
@@ -100,20 +100,7 @@ class AgentService:
         spool = Spool(Path(config.spool.dir) / "queue", max_bytes=config.spool.max_bytes)
         nats = config.nats
         return Publisher(
-            PublisherSettings(
-                servers=list(nats.servers),
-                name=f"metalguard-agent-{self.identity.node}",
-                credentials=nats.credentials or None,
-                nkey_seed=nats.nkey_seed or None,
-                tls_ca=nats.tls_ca or None,
-                tls_cert=nats.tls_cert or None,
-                tls_key=nats.tls_key or None,
-                inbox_prefix=nats.inbox_prefix or None,
-                connect_timeout_s=nats.connect_timeout_s,
-                publish_timeout_s=nats.publish_timeout_s,
-                reconnect_base_s=nats.reconnect_base_s,
-                reconnect_max_s=nats.reconnect_max_s,
-            ),
+            publisher_settings(nats, f"metalguard-agent-{self.identity.node}"),
             subjects=Subjects(nats.prefix),
             spool=spool,
         )

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from controller.cli_ops import DEFAULT_API, TIMEOUT_S, CliError, _guarded, _print_json, table
+from controller.cli_http import api_options, send
+from controller.cli_ops import CliError, _guarded, _print_json, table
 from proto.documents import DocumentError, parse_toml
 
 SPREADS = ("rack", "cluster", "zone", "region")
@@ -42,18 +42,9 @@ FLAG_FIELDS: dict[str, type] = {
 
 def add_jobs_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``metalguard jobs submit|list|show|cancel``."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--api",
-        default=os.environ.get("METALGUARD_API", DEFAULT_API),
-        help=f"the controller's API (env METALGUARD_API, default {DEFAULT_API})",
+    common = api_options(
+        "bearer token (env METALGUARD_TOKEN; submit and cancel need an admin token)"
     )
-    common.add_argument(
-        "--token",
-        default=os.environ.get("METALGUARD_TOKEN", ""),
-        help="bearer token (env METALGUARD_TOKEN; submit and cancel need an admin token)",
-    )
-    common.add_argument("--format", choices=("table", "json"), default="table")
 
     jobs = sub.add_parser("jobs", help="training jobs: submit, list, show, cancel")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
@@ -204,35 +195,4 @@ def describe(body: dict[str, Any]) -> str:
 
 
 def _send(args: argparse.Namespace, method: str, path: str, data: bytes | None = None) -> Any:
-    from urllib.error import HTTPError, URLError
-    from urllib.request import Request, urlopen
-
-    headers = {"Accept": "application/json"}
-    if args.token:
-        headers["Authorization"] = f"Bearer {args.token}"
-    if data is not None:
-        headers["Content-Type"] = "application/json"
-    request = Request(args.api.rstrip("/") + path, data=data, headers=headers, method=method)
-    try:
-        with urlopen(request, timeout=TIMEOUT_S) as response:
-            return json.loads(response.read())
-    except HTTPError as exc:
-        raise CliError(_error_text(exc), 2 if exc.code < 500 else 1) from None
-    except (URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CliError(f"cannot reach the API at {args.api}: {reason}", 1) from None
-    except ValueError as exc:
-        raise CliError(f"bad answer from {args.api}: {exc}", 1) from None
-
-
-def _error_text(exc: Any) -> str:
-    """The API's error message, and an invalid job's reasons one per line."""
-    try:
-        error = json.loads(exc.read())["error"]
-    except (ValueError, KeyError, TypeError, OSError):
-        return f"HTTP {exc.code} {exc.reason}"
-    reasons = error.get("reasons") or []
-    if reasons:
-        lines = "".join(f"\n  - {r}" for r in reasons)
-        return f"invalid job (HTTP {exc.code} {error['code']}):{lines}"
-    return f"{error['message']} (HTTP {exc.code} {error['code']})"
+    return send(args, method, path, data, invalid="invalid job")

@@ -9,21 +9,13 @@ line); 1 the API unreachable or a 5xx answer.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from controller.cli_ops import (
-    DEFAULT_API,
-    TIMEOUT_S,
-    CliError,
-    _guarded,
-    _print_json,
-    table,
-)
+from controller.cli_http import api_options, send
+from controller.cli_ops import CliError, _guarded, _print_json, table
 
 CONTENT_TYPES = {".json": "application/json"}
 """By file suffix; anything else is sent as TOML."""
@@ -31,18 +23,7 @@ CONTENT_TYPES = {".json": "application/json"}
 
 def add_qos_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``metalguard qos show|apply``."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--api",
-        default=os.environ.get("METALGUARD_API", DEFAULT_API),
-        help=f"the controller's API (env METALGUARD_API, default {DEFAULT_API})",
-    )
-    common.add_argument(
-        "--token",
-        default=os.environ.get("METALGUARD_TOKEN", ""),
-        help="bearer token (env METALGUARD_TOKEN; apply needs an admin token)",
-    )
-    common.add_argument("--format", choices=("table", "json"), default="table")
+    common = api_options("bearer token (env METALGUARD_TOKEN; apply needs an admin token)")
     common.add_argument("--node", default=None, help="a node's override instead of the cluster's")
 
     qos = sub.add_parser("qos", help="flow-control (PFC, queues, ECN) profiles")
@@ -140,37 +121,4 @@ def _send(
     data: bytes | None = None,
     content_type: str = "",
 ) -> Any:
-    from urllib.error import HTTPError, URLError
-    from urllib.request import Request, urlopen
-
-    headers = {"Accept": "application/json"}
-    if args.token:
-        headers["Authorization"] = f"Bearer {args.token}"
-    if data is not None:
-        headers["Content-Type"] = content_type
-    request = Request(args.api.rstrip("/") + path, data=data, headers=headers, method=method)
-    try:
-        with urlopen(request, timeout=TIMEOUT_S) as response:
-            return json.loads(response.read())
-    except HTTPError as exc:
-        raise CliError(_error_text(exc), 2 if exc.code < 500 else 1) from None
-    except (URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CliError(f"cannot reach the API at {args.api}: {reason}", 1) from None
-    except ValueError as exc:
-        raise CliError(f"bad answer from {args.api}: {exc}", 1) from None
-
-
-def _error_text(exc: Any) -> str:
-    """The API's error message, and an invalid profile's reasons one per line."""
-    try:
-        error = json.loads(exc.read())["error"]
-        text = f"{error['message']} (HTTP {exc.code} {error['code']})"
-    except (ValueError, KeyError, TypeError, OSError):
-        return f"HTTP {exc.code} {exc.reason}"
-    reasons = error.get("reasons") or []
-    if reasons:
-        text = f"invalid QoS profile (HTTP {exc.code} {error['code']}):" + "".join(
-            f"\n  - {r}" for r in reasons
-        )
-    return text
+    return send(args, method, path, data, content_type=content_type, invalid="invalid QoS profile")

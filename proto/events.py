@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from proto.base import AttrValue, Message, NodeIdentity, Reason, Token
+from proto.jobs import JOB_EVENT_KINDS
 
 NODE_EVENT_KINDS: frozenset[str] = frozenset(
     {
@@ -38,38 +39,28 @@ NODE_EVENT_KINDS: frozenset[str] = frozenset(
 """Kinds the agent (and the Slurm bridge, for Slurm's own view) emits today; consumers
 must accept kinds they do not know."""
 
-CONTROLLER_EVENT_KINDS: frozenset[str] = frozenset(
-    {
-        "node.graded",
-        "node.isolated",
-        "node.sub_healthy",
-        "node.maintenance",
-        "node.unreachable",
-        "node.returned",
-        "node.held",
-        "node.cordoned",
-        "node.uncordoned",
-        "job.queued",
-        "job.placed",
-        "job.started",
-        "job.checkpointed",
-        "job.stopped",
-        "job.rescheduled",
-        "job.lost_progress",
-        "job.hung",
-        "job.crashed",
-        "job.failed",
-        "job.finished",
-        "job.preempted",
-        "job.cancelled",
-        "rail.tripped",
-        "slurm.drained",
-        "slurm.resumed",
-        "slurm.job_signalled",
-        "slurm.job_requeued",
-        "slurm.skipped",
-        "slurm.command_failed",
-    }
+CONTROLLER_EVENT_KINDS: frozenset[str] = (
+    frozenset(
+        {
+            "node.graded",
+            "node.isolated",
+            "node.sub_healthy",
+            "node.maintenance",
+            "node.unreachable",
+            "node.returned",
+            "node.held",
+            "node.cordoned",
+            "node.uncordoned",
+            "rail.tripped",
+            "slurm.drained",
+            "slurm.resumed",
+            "slurm.job_signalled",
+            "slurm.job_requeued",
+            "slurm.skipped",
+            "slurm.command_failed",
+        }
+    )
+    | JOB_EVENT_KINDS
 )
 """Documented decision kinds (docs/protocol.md); the set grows without a version bump."""
 

@@ -25,7 +25,7 @@ from agent.bmc.remediation import Remediator
 from agent.bmc.snmp import SnmpReader, ThreadedSnmpReader
 from agent.bmc.targets import BmcReader, BmcTarget, read_target
 from agent.config import AgentConfig
-from agent.publisher import Publisher, PublisherSettings
+from agent.publisher import Publisher, publisher_settings
 from agent.spool import Spool, SpoolEntry
 from proto.base import NodeIdentity
 from proto.codec import encode
@@ -258,20 +258,7 @@ def proxy_publisher(config: AgentConfig, name: str) -> OutOfBandPublisher:
     nats = config.nats
     spool = Spool(Path(config.spool.dir) / SPOOL_SUBDIR, max_bytes=config.spool.max_bytes)
     return OutOfBandPublisher(
-        PublisherSettings(
-            servers=list(nats.servers),
-            name=f"metalguard-bmc-proxy-{name}",
-            credentials=nats.credentials or None,
-            nkey_seed=nats.nkey_seed or None,
-            tls_ca=nats.tls_ca or None,
-            tls_cert=nats.tls_cert or None,
-            tls_key=nats.tls_key or None,
-            inbox_prefix=nats.inbox_prefix or None,
-            connect_timeout_s=nats.connect_timeout_s,
-            publish_timeout_s=nats.publish_timeout_s,
-            reconnect_base_s=nats.reconnect_base_s,
-            reconnect_max_s=nats.reconnect_max_s,
-        ),
+        publisher_settings(nats, f"metalguard-bmc-proxy-{name}"),
         subjects=Subjects(nats.prefix),
         spool=spool,
     )
