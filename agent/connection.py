@@ -13,9 +13,10 @@ memory, so the publisher can spool it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,3 +283,56 @@ async def _end_reconnect_task(nc: Client) -> None:
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+Subscribe = Callable[[Client], Awaitable[None]]
+"""Makes a client's subscriptions (called once for every new client)."""
+
+
+class AnsweringConnection:
+    """A connection of its own for answering requests (commands): a slow JetStream publish
+    elsewhere never delays an answer, and ``subscribe`` runs again on every new client the
+    connection creates (a reconnect of the same client keeps its subscriptions)."""
+
+    def __init__(self, settings: NatsSettings, subscribe: Subscribe, what: str) -> None:
+        self._subscribe = subscribe
+        self._what = what
+        self._client: Client | None = None
+        self._changed = asyncio.Event()
+        self.subscribed = False
+        """Whether the current client's subscriptions are in place."""
+        self.connection = Connection(
+            dataclasses.replace(settings, name=f"{settings.name}-{what}"),
+            client_factory=self._new_client,
+            on_state=lambda _up: self._changed.set(),
+        )
+
+    def _new_client(self) -> Client:
+        self._client = Client()
+        self.subscribed = False
+        return self._client
+
+    async def start(self) -> None:
+        """Start connecting (never blocks on NATS)."""
+        self._changed.set()
+        if not await self.connection.start():
+            log.warning("%s: NATS not reachable yet; retrying", self._what)
+
+    async def run(self) -> None:
+        """Subscribe on every new client; return only when cancelled."""
+        subscribed_on: Client | None = None
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            client = self._client
+            if self.connection.connected.is_set() and client is not subscribed_on:
+                assert client is not None
+                await self._subscribe(client)
+                await client.flush()
+                subscribed_on = client
+                self.subscribed = True
+                log.info("%s: subscribed", self._what)
+
+    async def close(self) -> None:
+        """Close the connection (its subscriptions go with it)."""
+        await self.connection.close()

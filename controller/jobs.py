@@ -145,7 +145,7 @@ class JobManager:
     async def start(self) -> None:
         """Load MG_JOBS, listen to the nodes' job events and start the passes."""
         await self._reload()
-        subject = f"{self._subjects.prefix}.evt.{self.region}.*.*.*"
+        subject = self._subjects.node_event(self.region, "*", "*", "*")
         self._sub = await self._nc.subscribe(subject, cb=self._on_event)
         self._task = asyncio.create_task(self._run(), name="job-manager")
 

@@ -12,7 +12,6 @@ verbs), so the two never race for one subject.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -23,7 +22,7 @@ from nats.aio.msg import Msg
 
 from agent.bmc.remediation import Remediator, to_reply
 from agent.bmc.targets import BmcTarget
-from agent.connection import Connection, NatsSettings
+from agent.connection import AnsweringConnection, NatsSettings
 from proto.codec import CodecError, decode, encode
 from proto.events import Command, CommandReply, CommandStatus
 from proto.subjects import Subjects
@@ -72,56 +71,40 @@ class BmcCommandService:
         self._remediator = remediator
         self._subjects = subjects
         self._wall = wall_clock
-        self._client: Client | None = None
-        self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.subscribed = False
-        """Whether the current client's subscriptions are in place."""
-        self.connection = Connection(
-            dataclasses.replace(nats, name=f"{nats.name}-bmc-commands"),
-            client_factory=self._new_client,
-            on_state=lambda _up: self._changed.set(),
-        )
+        self.link = AnsweringConnection(nats, self._subscribe, "bmc-commands")
 
     @property
     def nodes(self) -> list[str]:
         """The nodes whose BMC verbs are answered here."""
         return sorted(self._targets)
 
-    def _new_client(self) -> Client:
-        self._client = Client()
-        return self._client
+    @property
+    def subscribed(self) -> bool:
+        """Whether the current client's subscriptions are in place."""
+        return self.link.subscribed
 
     async def start(self) -> None:
         """Start connecting (never blocks on NATS)."""
-        self._changed.set()
-        if not await self.connection.start():
-            log.warning("bmc commands: NATS not reachable yet; retrying")
+        await self.link.start()
 
     async def run(self) -> None:
-        """Subscribe on every new client; return only when cancelled."""
-        subscribed_on: Client | None = None
-        while True:
-            await self._changed.wait()
-            self._changed.clear()
-            client = self._client
-            if self.connection.connected.is_set() and client is not subscribed_on:
-                assert client is not None
-                for target in self._targets.values():
-                    region, cluster, node = target.region_cluster_node()
-                    for verb in VERBS:
-                        subject = self._subjects.command(region, cluster, node, verb)
-                        await client.subscribe(subject, cb=self._on_msg)
-                await client.flush()
-                subscribed_on = client
-                self.subscribed = True
-                log.info("bmc commands: answering for %d nodes", len(self._targets))
+        """Answer the BMC verbs: subscribe on every new client; return only when cancelled."""
+        await self.link.run()
+
+    async def _subscribe(self, client: Client) -> None:
+        for target in self._targets.values():
+            region, cluster, node = target.region_cluster_node()
+            for verb in VERBS:
+                subject = self._subjects.command(region, cluster, node, verb)
+                await client.subscribe(subject, cb=self._on_msg)
+        log.info("bmc commands: answering for %d nodes", len(self._targets))
 
     async def close(self) -> None:
         """Stop answering; wait for the commands being executed."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.connection.close()
+        await self.link.close()
 
     async def _on_msg(self, msg: Msg) -> None:
         task = asyncio.create_task(self._answer(msg))  # a power cycle takes minutes

@@ -1,23 +1,15 @@
-"""The workload part of the agent: runner + command handler on their own NATS connection.
-
-Commands are request/reply on core NATS, so they get a connection of their own (same
-settings as the publisher's): a slow JetStream publish never delays an answer, and the
-subscriptions are made again on every new client the connection creates.
-"""
+"""The workload part of the agent: runner + command handler on their own NATS connection
+(:class:`agent.connection.AnsweringConnection`, same settings as the publisher's)."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nats.aio.client import Client
-
 from agent.config import WorkloadSection
-from agent.connection import Connection, NatsSettings
+from agent.connection import AnsweringConnection, NatsSettings
 from agent.workload.commands import CommandHandler
 from agent.workload.runner import Emit, Runner, RunnerSettings
 from proto.base import NodeIdentity
@@ -55,43 +47,22 @@ class WorkloadService:
         self.handler = CommandHandler(
             identity, self.runner, remember=section.remember_commands, wall_clock=wall_clock
         )
-        self._subjects = subjects
-        self._client: Client | None = None
-        self._changed = asyncio.Event()
-        self.connection = Connection(
-            dataclasses.replace(nats, name=f"{nats.name}-commands"),
-            client_factory=self._new_client,
-            on_state=lambda _up: self._changed.set(),
+        self.link = AnsweringConnection(
+            nats, lambda client: self.handler.subscribe(client, subjects), "commands"
         )
-
-    def _new_client(self) -> Client:
-        self._client = Client()
-        return self._client
 
     async def start(self) -> None:
         """Open the client library's socket and start connecting (never blocks on NATS)."""
         await self.runner.start()
-        self._changed.set()
-        if not await self.connection.start():
-            log.warning("workload commands: NATS not reachable yet; retrying")
+        await self.link.start()
 
     async def run(self) -> None:
-        """Subscribe on every new client; return only when cancelled."""
-        subscribed_on: Client | None = None
-        while True:
-            await self._changed.wait()
-            self._changed.clear()
-            client = self._client
-            if self.connection.connected.is_set() and client is not subscribed_on:
-                assert client is not None
-                await self.handler.subscribe(client, self._subjects)
-                await client.flush()
-                subscribed_on = client
-                log.info("workload commands: subscribed")
+        """Answer commands: subscribe on every new client; return only when cancelled."""
+        await self.link.run()
 
     async def close(self) -> None:
         """Stop answering, stop the workloads gracefully (their exits are reported)."""
         await self.handler.unsubscribe()
         await self.runner.close()  # a checkpoint still waiting fails now: its process is gone
         await self.handler.close()
-        await self.connection.close()
+        await self.link.close()
