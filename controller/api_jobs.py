@@ -3,14 +3,16 @@
 ``POST /v1/jobs`` (admin token; JSON or TOML body) queues a job: 201 with its status, or
 422 with every reason it is invalid, 409 when its id is taken.  ``GET /v1/jobs``
 (``?state=`` filter, comma-separated), ``GET /v1/jobs/{id}`` (status, placement,
-restarts, history with reasons) and ``DELETE /v1/jobs/{id}`` (admin: cancel).
+restarts, history with reasons) and ``DELETE /v1/jobs/{id}`` (admin: cancel).  With
+federation, a job may be forwarded to another region at submit, and ``GET
+/v1/jobs/{id}`` answers for a job of any region; the answers say the job's ``region``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Final, Protocol, get_args
+from typing import Any, Final, Protocol, TypeGuard, get_args
 
 from aiohttp import web
 
@@ -31,6 +33,18 @@ class JobsView(Protocol):
     async def submit(self, raw: Any) -> JobStatus: ...
 
     async def cancel(self, job_id: str) -> JobStatus | None: ...
+
+
+class FederatedJobsView(JobsView, Protocol):
+    """The job manager with forwarding (:class:`controller.jobs_federated.FederatedJobs`)."""
+
+    @property
+    def region(self) -> str: ...
+
+    @property
+    def forwarded(self) -> Mapping[str, str]: ...
+
+    async def find(self, job_id: str) -> tuple[str, JobStatus] | None: ...
 
 
 JOBS: Final = web.AppKey("jobs", JobsView)
@@ -60,7 +74,7 @@ async def submit(request: web.Request) -> web.Response:
         raise ApiError(409, "conflict", f"job {exc} already exists") from None
     except NotLeaderError as exc:
         raise ApiError(503, "not_leader", str(exc)) from None
-    return web.json_response(detail(status), status=201)
+    return web.json_response(_located(request, status), status=201)
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -81,7 +95,16 @@ async def list_jobs(request: web.Request) -> web.Response:
 async def get_job(request: web.Request) -> web.Response:
     """One job: the submitted job, state, placement, restarts, history with reasons."""
     request.app[TOKENS].check(request, admin=False)
-    return web.json_response(detail(_lookup(request)))
+    job_id = request.match_info["job_id"]
+    status = request.app[JOBS].jobs.get(job_id)
+    view = request.app[JOBS]
+    if status is None and _federated(view):
+        found = await view.find(job_id)
+        if found is not None:
+            return web.json_response(detail(found[1]) | {"region": found[0]})
+    if status is None:
+        raise ApiError(404, "not_found", f"no job {job_id!r}")
+    return web.json_response(_located(request, status))
 
 
 async def cancel(request: web.Request) -> web.Response:
@@ -119,6 +142,18 @@ def detail(s: JobStatus) -> dict[str, Any]:
     body = summary(s)
     body["status"] = to_builtins(s)
     return body
+
+
+def _federated(view: JobsView) -> TypeGuard[FederatedJobsView]:
+    return hasattr(view, "find") and hasattr(view, "forwarded")
+
+
+def _located(request: web.Request, status: JobStatus) -> dict[str, Any]:
+    """``detail(status)`` with the region that holds the job, when federated."""
+    view = request.app[JOBS]
+    if not _federated(view):
+        return detail(status)
+    return detail(status) | {"region": view.forwarded.get(status.job_id, view.region)}
 
 
 def _order(s: JobStatus) -> tuple[float, str]:

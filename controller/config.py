@@ -105,6 +105,9 @@ class FederationSection(_Section, frozen=True):
     enabled: bool = False
     interval_s: Annotated[float, msgspec.Meta(ge=0.1)] = 5.0
     """How often this region's summary is published; older than 3 intervals is stale."""
+    latency_ms: dict[Token, Annotated[float, msgspec.Meta(ge=0)]] = {}
+    """Round-trip latency from this region to others (ms), for jobs' ``max_latency_ms``;
+    a region not listed uses the latency measured between controllers over NATS."""
 
 
 class ControllerConfig(_Section, frozen=True):

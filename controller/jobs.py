@@ -195,10 +195,10 @@ class JobManager:
         if not self._leading():
             raise NotLeaderError("this controller does not lead the region; ask the leader")
 
-    async def submit_job(self, job: Job) -> JobStatus:
+    async def submit_job(self, job: Job, reason: str = "submitted") -> JobStatus:
         """Queue a valid job; JobExistsError when its id is taken."""
         self._check_leading()
-        step = machine.submitted(job, self._clock())
+        step = machine.submitted(job, self._clock(), reason)
         async with self._lock:
             await self.store.create(step.status)
             self._live[job.job_id] = step.status

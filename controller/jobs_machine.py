@@ -112,10 +112,11 @@ class Step:
 # --- constructors and observations ------------------------------------------------------
 
 
-def submitted(job: Job, now: float) -> Step:
-    """The status of a newly submitted job: queued."""
-    status = JobStatus(job_id=job.job_id, state="queued", job=job, updated_ts=now)
-    status = _record(status, now, "queued", "submitted")
+def submitted(job: Job, now: float, reason: str = "submitted") -> Step:
+    """The status of a newly submitted job: queued (``reason``: how it came)."""
+    why = "" if reason == "submitted" else reason
+    status = JobStatus(job_id=job.job_id, state="queued", job=job, updated_ts=now, reason=why)
+    status = _record(status, now, "queued", reason)
     return Step(status, emits=(_emit(status, "job.queued", "0", f"{job.name} queued"),))
 
 

@@ -21,6 +21,7 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
+from controller.api_jobs import JobsView
 from controller.api_server import start_api
 from controller.api_sse import NatsEventSource
 from controller.config import (
@@ -33,6 +34,7 @@ from controller.config import (
 from controller.federation import Federation, job_counts
 from controller.ingest import Ingest, IngestSettings
 from controller.jobs import JobManager
+from controller.jobs_federated import FederatedJobs
 from controller.jobs_store import JobStore
 from controller.leader import Leadership, region_leadership
 from controller.qos import QosStore
@@ -244,7 +246,11 @@ async def _serve(
             controller=instance,
             jobs=lambda: job_counts(jobs.jobs),
             leading=leadership.leading,
+            latency_ms=cfg.federation.latency_ms,
         )
+    served_jobs: JobsView = jobs
+    if federation is not None:  # docs/federation.md: forwarding and lookups
+        served_jobs = FederatedJobs(jobs, federation, leading=leadership.leading)
     api = None
     if cfg.http is not None:
         source = NatsEventSource(nc, subjects, cfg.region)
@@ -257,7 +263,7 @@ async def _serve(
                 ingest.metrics.registry,
                 qos,
                 leadership,
-                jobs,
+                served_jobs,
                 fleet=federation,
             )
         except ConfigError as exc:

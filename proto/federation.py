@@ -1,8 +1,10 @@
-"""What regions tell each other (docs/federation.md): summaries and node lookups."""
+"""What regions tell each other (docs/federation.md): summaries, node and job lookups,
+forwarded jobs, pings."""
 
 from __future__ import annotations
 
 from proto.base import Message, NonNegInt, Record
+from proto.jobs import Job, JobStatus
 from proto.nodes import NodeRecord
 
 
@@ -48,3 +50,47 @@ class NodeLookupReply(Message, frozen=True, tag="node_lookup_reply"):
     region: str = ""
     handle: str = ""
     record: NodeRecord | None = None
+
+
+class JobForward(Message, frozen=True, tag="job_forward"):
+    """A job its home region cannot run, sent to the region chosen for it (request on
+    ``<p>.fed.submit.<region>``; docs/federation.md)."""
+
+    job: Job
+    origin: str
+    """The submitter's region."""
+
+
+class JobForwardReply(Message, frozen=True, tag="job_forward_reply"):
+    """The answer to a :class:`JobForward`: the job's status there, or why not."""
+
+    ok: bool
+    region: str = ""
+    status: JobStatus | None = None
+    error: str = ""
+    """``not_leader``, ``exists``, ``rejected`` or ``unavailable`` when not ``ok``."""
+    reasons: tuple[str, ...] = ()
+
+
+class JobLookup(Message, frozen=True, tag="job_lookup"):
+    """Which region holds job ``job_id`` (request on ``<p>.fed.lookup.<region>``)."""
+
+    job_id: str
+
+
+class JobLookupReply(Message, frozen=True, tag="job_lookup_reply"):
+    """The answer to a :class:`JobLookup`."""
+
+    job_id: str
+    found: bool
+    region: str = ""
+    status: JobStatus | None = None
+
+
+class RegionPing(Message, frozen=True, tag="region_ping"):
+    """A round trip between two regions' controllers (request on ``<p>.fed.lookup.<region>``,
+    answered with the same message): the measured inter-region latency."""
+
+    region: str
+    """Who answers (the asker sends the region it asks)."""
+    ts: float

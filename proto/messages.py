@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Final, get_args
 
 from proto.events import Command, CommandReply, ControllerEvent, NodeEvent
-from proto.federation import NodeLookup, NodeLookupReply, RegionSummary
+from proto.federation import (
+    JobForward,
+    JobForwardReply,
+    JobLookup,
+    JobLookupReply,
+    NodeLookup,
+    NodeLookupReply,
+    RegionPing,
+    RegionSummary,
+)
 from proto.jobs import Job, JobStatus
 from proto.nodes import NodeRecord, RailState
 from proto.qos import QosProfile
@@ -25,6 +34,11 @@ AnyMessage = (
     | RegionSummary
     | NodeLookup
     | NodeLookupReply
+    | JobForward
+    | JobForwardReply
+    | JobLookup
+    | JobLookupReply
+    | RegionPing
 )
 """Every message that may travel on a subject; the tag table is derived from it."""
 

@@ -1,0 +1,157 @@
+"""Where a submitted job goes across regions (controller/forwarding.py), table-driven."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.forwarding import (
+    RegionOffer,
+    choose_region,
+    effective_latency,
+    healthy_fit,
+    median,
+    why_not,
+)
+from proto.federation import GpuCapacity, RegionSummary
+from proto.jobs import Job
+
+
+def summary(
+    region: str,
+    healthy: int,
+    *,
+    nodes: int | None = None,
+    gpus: int = 8,
+    gpu_type: str = "h100",
+    queued: int = 0,
+) -> RegionSummary:
+    total = healthy if nodes is None else nodes
+    row = GpuCapacity(
+        gpu_type=gpu_type,
+        nodes=total,
+        healthy_nodes=healthy,
+        gpus=total * gpus,
+        healthy_gpus=healthy * gpus,
+    )
+    return RegionSummary(
+        region=region, ts=0.0, interval_s=5.0, nodes=total, capacity=(row,), queued_jobs=queued
+    )
+
+
+def job(**fields: Any) -> Job:
+    return Job(job_id="j1", name="train", **fields)
+
+
+def offer(region: str, healthy: int, latency: float | None = 0.0, **kw: Any) -> RegionOffer:
+    stale = kw.pop("stale", False)
+    return RegionOffer(summary(region, healthy, **kw), stale, latency)
+
+
+@pytest.mark.parametrize(
+    ("fields", "row", "fits"),
+    [
+        ({"nodes": 2}, summary("r1", 2), True),
+        ({"nodes": 3}, summary("r1", 2), False),
+        ({"nodes": 2}, summary("r1", 1, nodes=4), False),  # only healthy nodes count
+        ({"nodes": 1, "gpus_per_node": 8}, summary("r1", 1, gpus=8), True),
+        ({"nodes": 1, "gpus_per_node": 16}, summary("r1", 4, gpus=8), False),
+        ({"nodes": 1, "gpu_type": "a100"}, summary("r1", 4), False),
+        ({"nodes": 1, "gpu_type": "h100"}, summary("r1", 4), True),
+        ({"nodes": 1}, summary("r1", 0, nodes=0), False),
+    ],
+)
+def test_healthy_fit(fields: dict[str, Any], row: RegionSummary, fits: bool) -> None:
+    assert healthy_fit(job(**fields), row) is fits
+
+
+@pytest.mark.parametrize(
+    ("fields", "o", "reason"),
+    [
+        ({"nodes": 2}, offer("r2", 4, 40.0), None),
+        ({"nodes": 2, "allowed_regions": ("r3",)}, offer("r2", 4), "not in allowed_regions"),
+        ({"nodes": 2}, offer("r2", 4, stale=True), "stale (cut off)"),
+        (
+            {"nodes": 2, "max_latency_ms": 10.0},
+            offer("r2", 4, 40.0),
+            "latency 40 ms > max_latency_ms 10",
+        ),
+        ({"nodes": 2, "max_latency_ms": 50.0}, offer("r2", 4, 40.0), None),
+        (
+            {"nodes": 2, "max_latency_ms": 10.0},
+            offer("r2", 4, None),
+            "latency unknown (max_latency_ms 10)",
+        ),
+        ({"nodes": 2, "max_latency_ms": 1.0}, offer("r1", 4, 0.0), None),  # home: no bound
+        (
+            {"nodes": 5, "gpus_per_node": 8, "gpu_type": "h100"},
+            offer("r2", 4),
+            "fewer than 5 healthy nodes with >= 8 GPUs of type h100",
+        ),
+    ],
+)
+def test_why_not(fields: dict[str, Any], o: RegionOffer, reason: str | None) -> None:
+    assert why_not(job(**fields), "r1", o) == reason
+
+
+def test_a_job_that_fits_home_stays_home_even_when_another_region_is_emptier() -> None:
+    choice = choose_region(job(nodes=2), "r1", [offer("r1", 2, queued=5), offer("r2", 8, 1.0)])
+    assert (choice.region, choice.forward) == ("r1", False)
+
+
+def test_a_job_too_big_for_home_goes_to_the_best_fitting_region() -> None:
+    offers = [
+        offer("r1", 2),
+        offer("r2", 4, 40.0, queued=1),
+        offer("r3", 4, 80.0, queued=0),  # fewer queued jobs wins over latency
+        offer("r4", 1, 5.0),  # too small
+    ]
+    choice = choose_region(job(nodes=3), "r1", offers)
+    assert (choice.region, choice.forward) == ("r3", True)
+    assert choice.reason.startswith("r1: fewer than 3 healthy nodes")
+
+
+def test_ties_go_to_the_lowest_latency_then_the_name() -> None:
+    offers = [offer("r1", 1), offer("r3", 4, 20.0), offer("r2", 4, 20.0), offer("r4", 4, 30.0)]
+    assert choose_region(job(nodes=3), "r1", offers).region == "r2"
+
+
+def test_a_region_beyond_max_latency_is_never_chosen_and_the_job_stays_queued_home() -> None:
+    offers = [offer("r1", 2), offer("r2", 4, 40.0)]
+    choice = choose_region(job(nodes=3, max_latency_ms=10.0), "r1", offers)
+    assert (choice.region, choice.forward) == ("r1", False)
+    assert "r2: latency 40 ms > max_latency_ms 10" in choice.reason
+    assert "r1: fewer than 3 healthy nodes" in choice.reason
+
+
+def test_home_not_allowed_forwards_even_when_home_has_room() -> None:
+    offers = [offer("r1", 8), offer("r2", 4, 40.0)]
+    choice = choose_region(job(nodes=1, allowed_regions=("r2",)), "r1", offers)
+    assert (choice.region, choice.forward) == ("r2", True)
+
+
+def test_stale_regions_are_skipped() -> None:
+    offers = [offer("r1", 1), offer("r2", 4, 1.0, stale=True)]
+    assert choose_region(job(nodes=3), "r1", offers).forward is False
+
+
+@pytest.mark.parametrize(
+    ("region", "configured", "measured", "expected"),
+    [
+        ("r1", {"r1": 9.0}, {}, 0.0),  # home
+        ("r2", {"r2": 40.0}, {"r2": 0.4}, 40.0),  # declared beats measured
+        ("r2", {}, {"r2": 0.4}, 0.4),
+        ("r2", {}, {}, None),
+    ],
+)
+def test_effective_latency(
+    region: str, configured: dict[str, float], measured: dict[str, float], expected: float | None
+) -> None:
+    assert effective_latency(region, "r1", configured, measured) == expected
+
+
+def test_median() -> None:
+    assert median([]) is None
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 2.0, 3.0]) == 2.5
