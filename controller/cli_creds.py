@@ -1,5 +1,6 @@
-"""``metalguard creds init|add-node|add-subscriber|add-controller``: per-process NATS
-users (nkeys) and the nats-server authorization block (docs/security.md).
+"""``metalguard creds init|add-node|add-subscriber|add-controller|federate``: per-process
+NATS users (nkeys), the nats-server authorization block (docs/security.md), and the
+accounts block of a supercluster (an account per region, docs/federation.md).
 
 Exit status: 0 done; 2 a usage error (bad name, existing user, no credentials directory).
 """
@@ -51,6 +52,19 @@ def add_creds_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     controller.add_argument("--name", required=True)
     controller.set_defaults(func=lambda a: _add(a, "controller", a.name))
+    federate = creds_sub.add_parser(
+        "federate",
+        help="the accounts block of a supercluster: one account per region's credentials",
+    )
+    federate.add_argument(
+        "--region",
+        action="append",
+        required=True,
+        metavar="REGION=DIR",
+        help="a region and its credentials directory (repeat for every region)",
+    )
+    federate.add_argument("--out", required=True, type=Path, help="the file to write")
+    federate.set_defaults(func=_federate)
 
 
 def _init(args: argparse.Namespace) -> int:
@@ -79,6 +93,28 @@ def _add(args: argparse.Namespace, kind: str, name: str) -> int:
         return 2
     _report(item)
     print(f"updated {args.dir / CONF_FILE}: reload the server (nats-server --signal reload)")
+    return 0
+
+
+def _federate(args: argparse.Namespace) -> int:
+    from controller.creds import render_federation
+    from controller.creds_store import load
+
+    try:
+        regions = {}
+        for item in args.region:
+            region, sep, directory = item.partition("=")
+            if not sep or not region or not directory:
+                raise ValueError(f"--region {item!r}: expected REGION=DIR")
+            if region in regions:
+                raise ValueError(f"--region {region} given twice")
+            regions[region] = load(Path(directory))
+        text = render_federation(regions)
+    except (CredsError, ValueError) as exc:
+        print(f"metalguard: {exc}", file=sys.stderr)
+        return 2
+    args.out.write_text(text)
+    print(f"wrote {args.out}: include it from every server of every region")
     return 0
 
 

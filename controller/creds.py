@@ -182,21 +182,97 @@ def render_conf(state: CredsState) -> str:
         "#   include ./nats-server.conf",
         "authorization {",
         "  users = [",
+        *_user_lines(state, "    "),
+        "  ]",
+        "}",
+        "",
     ]
+    return "\n".join(lines)
+
+
+SYSTEM_ACCOUNT = "SYS"
+
+
+def account_of(region: str) -> str:
+    """The NATS account of a region's users in a federation (``r1`` -> ``R1``)."""
+    return region.upper()
+
+
+def render_federation(regions: dict[str, CredsState]) -> str:
+    """The ``accounts`` block for every server of a supercluster (docs/federation.md):
+    one account per region with JetStream, that region's users and permissions, its
+    federation subjects exported and the other regions' imported; ValueError when the
+    regions' prefixes differ or a node user belongs to another region."""
+    if not regions:
+        raise ValueError("no region given")
+    for region in regions:
+        check_token(region, "region")
+    prefixes = {state.prefix for state in regions.values()}
+    if len(prefixes) != 1:
+        raise ValueError(f"the regions' prefixes differ: {sorted(prefixes)}")
+    (prefix,) = prefixes
+    for region, state in regions.items():
+        for user in state.users:
+            if user.kind == "node" and parse_node(user.name)[0] != region:
+                raise ValueError(f"node {user.name} is in the credentials of region {region}")
+    lines = [
+        "# metalguard federation: written by `metalguard creds federate`; do not edit by hand.",
+        f"# prefix {prefix!r}; regions {', '.join(sorted(regions))}. Include from every",
+        "# server's nats-server.conf (instead of each region's nats-server.conf).",
+        "accounts {",
+    ]
+    for region in sorted(regions):
+        state = regions[region]
+        exports = [
+            f"{{ stream: {_q(f'{prefix}.fed.summary.{region}')} }}",
+            f"{{ service: {_q(f'{prefix}.fed.lookup.{region}')} }}",
+            f"{{ service: {_q(f'{prefix}.fed.submit.{region}')} }}",
+        ]
+        imports = []
+        for other in sorted(regions):
+            if other != region:
+                acc = account_of(other)
+                imports += [
+                    f"{{ stream: {{ account: {acc}, subject: "
+                    f"{_q(f'{prefix}.fed.summary.{other}')} }} }}",
+                    f"{{ service: {{ account: {acc}, subject: "
+                    f"{_q(f'{prefix}.fed.lookup.{other}')} }} }}",
+                    f"{{ service: {{ account: {acc}, subject: "
+                    f"{_q(f'{prefix}.fed.submit.{other}')} }} }}",
+                ]
+        lines += [
+            f"  {account_of(region)}: {{",
+            "    jetstream: enabled",
+            "    users = [",
+            *_user_lines(state, "      "),
+            "    ]",
+            "    exports = [",
+            *(f"      {e}" for e in exports),
+            "    ]",
+            "    imports = [",
+            *(f"      {i}" for i in imports),
+            "    ]",
+            "  }",
+        ]
+    lines += [f"  {SYSTEM_ACCOUNT}: {{ }}", "}", f"system_account: {SYSTEM_ACCOUNT}", ""]
+    return "\n".join(lines)
+
+
+def _user_lines(state: CredsState, indent: str) -> list[str]:
+    lines = []
     for user in sorted(state.users, key=lambda u: (u.kind, u.name)):
         p = permissions_of(user, state)
-        lines.append(f"    # {user.kind} {user.name}")
-        lines.append(f"    {{ nkey: {_q(user.nkey)}, permissions: {{")
+        lines.append(f"{indent}# {user.kind} {user.name}")
+        lines.append(f"{indent}{{ nkey: {_q(user.nkey)}, permissions: {{")
         publish = f"allow: {_list(p.publish_allow)}"
         if p.publish_deny:
             publish += f", deny: {_list(p.publish_deny)}"
-        lines.append(f"        publish: {{ {publish} }}")
-        lines.append(f"        subscribe: {{ allow: {_list(p.subscribe_allow)} }}")
+        lines.append(f"{indent}    publish: {{ {publish} }}")
+        lines.append(f"{indent}    subscribe: {{ allow: {_list(p.subscribe_allow)} }}")
         if p.allow_responses:
-            lines.append("        allow_responses: true")
-        lines.append("    } }")
-    lines += ["  ]", "}", ""]
-    return "\n".join(lines)
+            lines.append(f"{indent}    allow_responses: true")
+        lines.append(f"{indent}}} }}")
+    return lines
 
 
 def with_user(state: CredsState, user: User) -> CredsState:

@@ -36,6 +36,8 @@ class RegionServer:
     gateway_port: int = field(default_factory=free_port)
     route_port: int = field(default_factory=free_port)
     server: NatsServer | None = None
+    accounts: str | None = None
+    """The accounts block (``metalguard creds federate``'s); None: password users."""
 
     @property
     def url(self) -> str:
@@ -50,7 +52,9 @@ class RegionServer:
         """(Re)start with the gateways to ``regions`` (``gateway=False``: a region cut
         off, one server on its own, JetStream standalone over the same store)."""
         self.stop()
-        self.config_file.write_text(server_config(self, regions, gateway=gateway))
+        self.config_file.write_text(
+            server_config(self, regions, gateway=gateway, accounts=self.accounts)
+        )
         self.server = NatsServer(config_file=self.config_file)
         self.server.start()
 
@@ -96,7 +100,12 @@ def accounts_block(regions: list[str], prefix: str) -> str:
 
 
 def server_config(
-    me: RegionServer, regions: list[RegionServer], *, gateway: bool = True, prefix: str = "mg"
+    me: RegionServer,
+    regions: list[RegionServer],
+    *,
+    gateway: bool = True,
+    prefix: str = "mg",
+    accounts: str | None = None,
 ) -> str:
     """nats-server.conf of ``me``: joined to every region by a gateway, or on its own."""
     lines = [
@@ -120,4 +129,7 @@ def server_config(
             f'gateway {{ name: "{me.region}", listen: 127.0.0.1:{me.gateway_port}, '
             f"gateways: [ {gateways} ] }}"
         )
-    return "\n".join(lines) + "\n" + accounts_block([r.region for r in regions], prefix)
+    block = (
+        accounts if accounts is not None else accounts_block([r.region for r in regions], prefix)
+    )
+    return "\n".join(lines) + "\n" + block

@@ -15,6 +15,7 @@ from controller.creds import (
     controller_permissions,
     node_permissions,
     render_conf,
+    render_federation,
     subscriber_permissions,
     with_user,
 )
@@ -92,3 +93,51 @@ def test_cli_reports_a_bad_node_and_a_missing_directory_with_status_2(
     assert main(["creds", "init", "--dir", str(tmp_path / "d")]) == 0
     assert main(["creds", "add-node", "--dir", str(tmp_path / "d"), "--node", "n1"]) == 2
     assert "REGION.CLUSTER.NODE" in capsys.readouterr().err
+
+
+def test_federation_puts_each_region_in_its_account_with_the_fed_subjects_crossing(
+    tmp_path: Path,
+) -> None:
+    for region in ("r1", "r2"):
+        init(tmp_path / region, "mg", ("ctl",), False)
+        add(tmp_path / region, "node", f"{region}.c1.a")
+    r1, r2 = load(tmp_path / "r1"), load(tmp_path / "r2")
+    text = render_federation({"r1": r1, "r2": r2})
+    r1_block = text[text.index("  R1: {") : text.index("  R2: {")]
+    assert "jetstream: enabled" in r1_block
+    assert "# node r1.c1.a" in r1_block
+    assert "r2.c1.a" not in r1_block
+    assert '{ stream: "mg.fed.summary.r1" }' in r1_block
+    assert '{ service: "mg.fed.submit.r1" }' in r1_block
+    assert '{ stream: { account: R2, subject: "mg.fed.summary.r2" } }' in r1_block
+    assert '{ service: { account: R2, subject: "mg.fed.lookup.r2" } }' in r1_block
+    assert text.rstrip().endswith("system_account: SYS")
+    # the node's permissions are the same as in a one-region authorization block
+    assert '"mg.tel.r1.c1.a"' in r1_block
+
+
+def test_federation_refuses_mixed_prefixes_and_misplaced_nodes(tmp_path: Path) -> None:
+    init(tmp_path / "a", "mg", ("ctl",), False)
+    init(tmp_path / "b", "xx", ("ctl",), False)
+    add(tmp_path / "a", "node", "r2.c1.a")
+    a, b = load(tmp_path / "a"), load(tmp_path / "b")
+    with pytest.raises(ValueError, match="prefixes differ"):
+        render_federation({"r1": a, "r2": b})
+    with pytest.raises(ValueError, match=r"node r2\.c1\.a is in the credentials of region r1"):
+        render_federation({"r1": a})
+    with pytest.raises(ValueError, match="no region"):
+        render_federation({})
+
+
+def test_creds_federate_cli_writes_the_accounts_and_reports_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    init(tmp_path / "r1", "mg", ("ctl",), False)
+    out = tmp_path / "accounts.conf"
+    assert main(["creds", "federate", "--region", f"r1={tmp_path / 'r1'}", "--out", str(out)]) == 0
+    assert "R1: {" in out.read_text()
+    assert main(["creds", "federate", "--region", "r1", "--out", str(out)]) == 2
+    assert "expected REGION=DIR" in capsys.readouterr().err
+    missing = tmp_path / "nowhere"
+    assert main(["creds", "federate", "--region", f"r2={missing}", "--out", str(out)]) == 2
+    assert "holds no credentials" in capsys.readouterr().err
