@@ -200,6 +200,8 @@ class Federation:
         self._rtts: dict[str, deque[float]] = {}
         self.job_of = job_of
         self.accept = accept
+        self.every_interval: Callable[[], Awaitable[None]] | None = None
+        """Run by the leader after each summary (the job forwarding retry pass)."""
         self._subs: list[Subscription] = []
         self._submit_sub: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
@@ -396,6 +398,11 @@ class Federation:
             await self.publish_once()
             if self._leading():
                 await self.ping_once()
+                if self.every_interval is not None:
+                    try:
+                        await self.every_interval()
+                    except Exception:  # one bad pass must not end the summaries
+                        log.exception("federation: interval pass failed")
             await asyncio.sleep(self.interval_s)
 
     async def _on_summary(self, msg: Msg) -> None:

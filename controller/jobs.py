@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -206,6 +206,22 @@ class JobManager:
             await self._publish(step.status, step.emits)
         self.wake()
         return step.status
+
+    async def hand_over(self, job_id: str, send: Callable[[Job], Awaitable[bool]]) -> bool:
+        """Give a job that never started to another region: ``send`` it and, when it was
+        taken, forget it here (MG_JOBS delete).  Under the manager's lock, so the queue
+        pass cannot start it meanwhile; False when it is no longer a never-started queued
+        job or ``send`` failed."""
+        async with self._lock:
+            status = self._live.get(job_id)
+            if status is None or not handed_over_ok(status) or status.job is None:
+                return False
+            if not await send(status.job):
+                return False
+            await self.store.delete(job_id)
+            self._live.pop(job_id, None)
+            self._written_ts.pop(job_id, None)
+        return True
 
     async def cancel(self, job_id: str) -> JobStatus | None:
         """Ask for a job's cancellation (None: no such job)."""
@@ -404,6 +420,17 @@ class JobManager:
                 await self._write(new, force=True)
         if significant:
             self.wake()
+
+
+def handed_over_ok(status: JobStatus) -> bool:
+    """Whether a job may still go to another region: queued, never started, no move,
+    no cancel asked (pure)."""
+    return (
+        status.state == "queued"
+        and status.generation == 0
+        and status.move is None
+        and not status.cancel_requested
+    )
 
 
 def observe(status: JobStatus, node: str, event: NodeEvent, now: float) -> JobStatus:

@@ -1,5 +1,6 @@
 """Jobs across regions (docs/federation.md): a submitted job its home region cannot hold
-is forwarded to the region that fits best; a job id resolves from any region.
+is forwarded to the region that fits best (at submit, and later while it waits here
+without ever having started); a job id resolves from any region.
 
 :class:`FederatedJobs` stands where the HTTP API expects the job manager: it places each
 submitted job with :func:`controller.forwarding.choose_region` over the federation's
@@ -16,11 +17,11 @@ from typing import Any
 
 from controller.federation import Federation
 from controller.forwarding import choose_region
-from controller.jobs import JobManager
+from controller.jobs import JobManager, handed_over_ok
 from controller.jobs_spec import JobRejectedError, NotLeaderError, parse_job
-from controller.jobs_store import JobExistsError
+from controller.jobs_store import JobConflictError, JobExistsError
 from proto.federation import JobForward, JobForwardReply
-from proto.jobs import JobStatus
+from proto.jobs import Job, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class FederatedJobs:
         """Job id -> region, for the jobs this controller forwarded (this run)."""
         federation.job_of = lambda job_id: manager.jobs.get(job_id)
         federation.accept = self.accept
+        federation.every_interval = self.retry_pass
 
     @property
     def region(self) -> str:
@@ -76,6 +78,34 @@ class FederatedJobs:
             raise JobRejectedError([f"{choice.region}: {r}" for r in reply.reasons])
         why = f"{choice.reason}, but {choice.region} did not take it ({reply.error}): queued here"
         return await self.manager.submit_job(job, why)
+
+    async def retry_pass(self) -> None:
+        """Forward the queued, never-started jobs of this region that another region can
+        now hold (one that was stale, or full of failing nodes, at submit); the leader
+        only.  A forwarded job is forgotten here and resolves from its new region."""
+        if not self._leading():
+            return
+        offers = self.federation.offers()
+        for status in list(self.manager.jobs.values()):
+            if status.job is None or not handed_over_ok(status):
+                continue
+            choice = choose_region(status.job, self.region, offers)
+            if not choice.forward:
+                continue
+            region = choice.region
+
+            async def send(job: Job, region: str = region) -> bool:
+                reply = await self.federation.forward(region, job)
+                return reply.ok
+
+            try:
+                moved = await self.manager.hand_over(status.job_id, send)
+            except JobConflictError as exc:
+                log.warning("job %s forwarded but not forgotten here: %s", status.job_id, exc)
+                moved = True
+            if moved:
+                log.info("queued job %s forwarded to %s: %s", status.job_id, region, choice.reason)
+                self.forwarded[status.job_id] = region
 
     async def cancel(self, job_id: str) -> JobStatus | None:
         """Cancel a job of this region (a forwarded one is cancelled where it runs)."""

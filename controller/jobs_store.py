@@ -88,6 +88,15 @@ class JobStore:
         self._jobs[key] = status
         self._revisions[key] = rev
 
+    async def delete(self, job_id: str) -> None:
+        """Remove a job that went to another region (compare-and-set on its revision)."""
+        try:
+            await self._kv.delete(job_id, last=self._revisions.get(job_id, 0))
+        except KeyWrongLastSequenceError:
+            raise JobConflictError(job_id) from None
+        self._jobs.pop(job_id, None)
+        self._revisions.pop(job_id, None)
+
     async def refresh(self, job_id: str) -> JobStatus | None:
         """Re-read one job from the bucket."""
         await self._refresh(job_id)

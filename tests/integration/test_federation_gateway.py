@@ -239,6 +239,14 @@ async def test_two_regions_forward_jobs_survive_a_cut_and_converge(
                 functools.partial(sees_stale, other),
                 DEADLINE_S, f"{region.name} to see {other} stale",
             )  # fmt: skip
+        # A gang submitted while r2 is cut off waits in r1, saying why.
+        during = big | {"job_id": "cut-gang", "name": "cut"}
+        async with http.post(f"{r1.api}/v1/jobs", json=during, headers=ADMIN) as response:
+            body = await response.json()
+            assert response.status == 201, body
+        assert (body["region"], body["state"]) == ("r1", "queued")
+        assert "r2: stale (cut off)" in body["reason"]
+
         failing = {"r1": "r1c1k1n2", "r2": "r2c1k1n4"}
         for region in (r1, r2):
             assert region.fleet is not None
@@ -281,3 +289,13 @@ async def test_two_regions_forward_jobs_survive_a_cut_and_converge(
         except AssertionError:
             print(log_tail(r1), log_tail(r2), sep="\n")
             raise
+
+        # ... and once r2 is heard again, the waiting gang goes there (r2 has 3 healthy
+        # nodes left; r1 now has 1).
+        moved = await wait_for_value(
+            functools.partial(try_get, http, f"{r1.api}/v1/jobs/cut-gang"),
+            lambda b: b is not None and b.get("region") == "r2",
+            DEADLINE_S, "the gang queued during the cut to be forwarded to r2",
+        )  # fmt: skip
+        assert moved["status"]["history"][0]["reason"] == "forwarded from r1"
+        assert "cut-gang" not in {j["id"] for j in (await get(http, f"{r1.api}/v1/jobs"))["jobs"]}

@@ -8,6 +8,7 @@ import functools
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
+import msgspec
 import pytest
 from nats.aio.client import Client
 
@@ -140,6 +141,36 @@ async def test_a_region_that_cannot_take_the_job_leaves_it_queued_at_home(
     assert status.job_id in r1.manager.jobs
     assert "did not take it (unavailable): queued here" in status.reason
     assert r1.jobs.forwarded == {}
+    near = await r1.jobs.submit(gang("orphan-near", 3, max_latency_ms=1.0))
+    assert near.job_id in r1.manager.jobs
+
+    await r1.jobs.retry_pass()  # still nobody to take it: it stays
+    assert set(r1.manager.jobs) == {"orphan", "orphan-near"}
+
+    r2.leading[0] = True  # r2 has a leader again: the next pass forwards the waiting job
+    await r2.federation._sync_submit()
+    await r2.federation.publish_once()
+    await r1.jobs.retry_pass()
+    assert r1.jobs.forwarded == {"orphan": "r2"}
+    assert set(r1.manager.jobs) == {"orphan-near"}  # 5 ms > 1 ms: never sent
+    assert r2.manager.jobs["orphan"].history[0].reason == "forwarded from r1"
+    assert await r1.manager.store.refresh("orphan") is None  # gone from r1's MG_JOBS
+    found = await r1.jobs.find("orphan")
+    assert found is not None
+    assert found[0] == "r2"
+
+
+async def test_a_started_job_is_never_handed_over(regions: dict[str, Region]) -> None:
+    r1 = regions["r1"]
+    status = await r1.jobs.submit(gang("local", 1))
+    started = msgspec.structs.replace(status, generation=1)  # it ran here once
+    await r1.manager.store.put(started)
+    r1.manager._live["local"] = started
+
+    async def send(_: object) -> bool:
+        raise AssertionError("a started job must not be sent")
+
+    assert await r1.manager.hand_over("local", send) is False
 
 
 async def test_a_follower_refuses_and_bad_jobs_are_rejected_before_forwarding(
