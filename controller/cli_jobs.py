@@ -121,7 +121,8 @@ def _submit(args: argparse.Namespace) -> int:
     body = _send(args, "POST", "/v1/jobs", json.dumps(doc).encode())
     if args.format == "json":
         return _print_json(body)
-    print(f"{body['id']}: {body['name']} {body['state']}")
+    where = f" in {body['region']}" if "region" in body else ""
+    print(f"{body['id']}: {body['name']} {body['state']}{where}")
     return 0
 
 
@@ -170,6 +171,7 @@ def describe(body: dict[str, Any]) -> str:
     rows = [
         ["id", body["id"]],
         ["name", body["name"]],
+        *([["region", body["region"]]] if "region" in body else []),
         ["state", body["state"] + (f" ({body['reason']})" if body["reason"] else "")],
         ["placement", ", ".join(body["placement"]) or "-"],
         ["restarts", str(body["restarts"])],

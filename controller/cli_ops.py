@@ -117,6 +117,10 @@ def _nodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g} ms"
+
+
 def _fleet(args: argparse.Namespace) -> int:
     body = _call(args, "GET", "/v1/fleet")
     if args.format == "json":
@@ -133,10 +137,12 @@ def _fleet(args: argparse.Namespace) -> int:
                 " ".join(f"{g.lower()} {n}" for g, n in grades.items() if n) or "-",
                 f"{healthy}/{gpus}",
                 f"{r.get('queued_jobs', 0)}/{r.get('running_jobs', 0)}",
+                _ms(r.get("latency_ms")),
                 f"{r.get('age_s', 0):.0f}s" + (" STALE" if r.get("stale") else ""),
             ]
         )
-    print(table(["REGION", "NODES", "GRADES", "GPUS OK", "QUEUED/RUN", "AGE"], rows))
+    header = ["REGION", "NODES", "GRADES", "GPUS OK", "QUEUED/RUN", "LATENCY", "AGE"]
+    print(table(header, rows))
     return 0
 
 

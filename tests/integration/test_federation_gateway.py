@@ -101,6 +101,17 @@ async def try_get(session: aiohttp.ClientSession, url: str) -> Any:
         return None
 
 
+async def cli(api: str, *args: str) -> str:
+    """``metalguard ARGS --api API --token T``: its output (exit 0 asserted)."""
+    proc = await asyncio.create_subprocess_exec(
+        str(METALGUARD), *args, "--api", api, "--token", TOKEN,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), DEADLINE_S)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
 def fleet_of(body: Any) -> dict[str, dict[str, Any]]:
     return {r["region"]: r for r in body["regions"]} if body else {}
 
@@ -230,6 +241,14 @@ async def test_two_regions_forward_jobs_survive_a_cut_and_converge(
         assert r2_jobs == {"big-gang"}
         still = await get(http, f"{r1.api}/v1/jobs/near-gang")
         assert (still["state"], still["region"]) == ("queued", "r1")
+
+        # The CLI over r1's API: the fleet with the latencies, a job of r2 by its id.
+        fleet_table = await cli(r1.api, "fleet")
+        assert "r1 (here)" in fleet_table
+        assert "40 ms" in fleet_table
+        shown_text = await cli(r1.api, "jobs", "show", "big-gang")
+        assert "region" in shown_text
+        assert "r2" in shown_text
 
         # The gateway cut: r2's server restarted on its own (no gateway, JetStream alone).
         r2.server.start([r1.server, r2.server], gateway=False)
