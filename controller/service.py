@@ -13,6 +13,7 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from controller.state import NodeStore
 from controller.streams import ensure_streams
 from controller.topology import TopologyView
 from proto.access import tls_context
+from proto.nodes import NodeRecord
 from proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,20 @@ async def start_leadership(
         poll_s=cfg.ha.poll_s,
         margin_s=cfg.ha.margin_s,
     )
+
+
+class LiveRecords:
+    """The controller's node records as they are now: its store is replaced when it
+    takes the lease (:func:`reload_on_election`), so holders of records read through
+    this instead of keeping the store they were given."""
+
+    def __init__(self, controller: RegionController) -> None:
+        self._controller = controller
+
+    @property
+    def records(self) -> Mapping[str, NodeRecord]:
+        """Every node's record, by handle."""
+        return self._controller.store.records
 
 
 def reload_on_election(
@@ -227,7 +243,7 @@ async def _serve(
         nc,
         js,
         job_store,
-        store,
+        LiveRecords(controller),
         subjects,
         cfg.region,
         fleet=controller.topology.fleet,
