@@ -18,6 +18,7 @@ import functools
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -284,6 +285,7 @@ async def test_two_regions_forward_jobs_survive_a_cut_and_converge(
 
         # The gateway back: both views converge (each sees the other's isolation).
         r2.server.start([r1.server, r2.server], gateway=True)
+        healed = time.monotonic()
 
         async def views() -> tuple[Any, Any]:
             return (
@@ -305,6 +307,7 @@ async def test_two_regions_forward_jobs_survive_a_cut_and_converge(
 
         try:
             await wait_for_value(views, converged, 60, "both views to converge")
+            print(f"gateway back -> views converged: {time.monotonic() - healed:.2f}s")
         except AssertionError:
             print(log_tail(r1), log_tail(r2), sep="\n")
             raise

@@ -155,11 +155,14 @@ async def test_a_job_on_a_node_failing_during_the_takeover_moves_exactly_once(
             )  # fmt: skip
             took = time.monotonic() - killed
             assert took <= TTL_S + 1.0 + 0.5, f"takeover took {took:.2f}s"  # + one poll
+            print(f"takeover after SIGKILL: {took:.2f}s (TTL {TTL_S}s)")
             moved = await wait_for_value(
                 functools.partial(get, http, f"{urls[other]}/v1/jobs/ha-gang"),
                 functools.partial(running_on_healthy, failed_handle),
                 DEADLINE_S, "the job moved off the failed node by the new leader",
             )  # fmt: skip
+            moved_s = time.monotonic() - killed
+            print(f"leader killed -> job running on healthy nodes: {moved_s:.2f}s")
             # Some progress after the move, then count what was announced.
             step = moved["step"] or 0
             await wait_for_value(
