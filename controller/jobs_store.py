@@ -12,9 +12,10 @@ import logging
 from collections.abc import Mapping
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from controller.kv_keys import bucket_keys
 from proto.codec import CodecError, decode, encode
 from proto.jobs import JobStatus
 from proto.subjects import Subjects
@@ -58,11 +59,7 @@ class JobStore:
         """Read the whole bucket into the cache (a restarted controller resumes here)."""
         self._jobs.clear()
         self._revisions.clear()
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            return
-        for key in keys:
+        for key in await bucket_keys(self._kv):  # not kv.keys(): it can miss (kv_keys.py)
             await self._refresh(key)
 
     async def create(self, status: JobStatus) -> None:

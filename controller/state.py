@@ -24,9 +24,10 @@ from collections.abc import Iterable
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from controller.kv_keys import bucket_keys
 from controller.scoring_signals import NodeSignals
 from proto.base import NodeIdentity
 from proto.codec import CodecError, decode, encode
@@ -105,11 +106,7 @@ class NodeStore:
 
     async def load(self) -> None:
         """Read every key of the bucket into the cache (at start)."""
-        try:
-            keys = await self._kv.keys()
-        except NoKeysError:
-            keys = []
-        for key in keys:
+        for key in await bucket_keys(self._kv):  # not kv.keys(): it can miss (kv_keys.py)
             await self._refresh(key)
         log.info(
             "loaded %d node records, %d rail states, %d pending events",

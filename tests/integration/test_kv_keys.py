@@ -1,0 +1,41 @@
+"""``bucket_keys`` (controller/kv_keys.py) on a real bucket: right after each write it
+lists every key (nats-py's watcher-based ``keys()`` sometimes lists too few there), and
+a store loading from it keeps every record."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+
+from controller.jobs_store import JobStore
+from controller.kv_keys import bucket_keys
+from proto.jobs import JobStatus
+from proto.subjects import Subjects
+
+WRITES = 200
+
+
+async def test_every_key_right_after_each_write(nc: Client, subjects: Subjects) -> None:
+    js = nc.jetstream(timeout=5)
+    kv = await js.create_key_value(bucket=f"{subjects.prefix.upper()}_KEYS_TEST")
+    assert await bucket_keys(kv) == []
+    for i in range(WRITES):
+        await kv.put(f"k{i:03d}", b"x")
+        assert len(await bucket_keys(kv)) == i + 1
+    await kv.delete("k001")
+    assert "k001" in await bucket_keys(kv)  # a delete marker: readers treat it as absent
+    await js.delete_key_value(f"{subjects.prefix.upper()}_KEYS_TEST")
+
+
+async def test_a_store_loads_every_job_right_after_it_was_written(
+    nc: Client, subjects: Subjects
+) -> None:
+    js = nc.jetstream(timeout=5)
+    writer = await JobStore.open(js, subjects)
+    for i in range(50):
+        await writer.create(JobStatus(job_id=f"job-{i}", state="queued"))
+        reader = await JobStore.open(js, subjects)  # a restarted controller's load
+        assert set(reader.jobs) == set(writer.jobs), i
+    await writer.delete("job-3")
+    reader = await JobStore.open(js, subjects)
+    assert "job-3" not in reader.jobs
+    assert len(reader.jobs) == 49
