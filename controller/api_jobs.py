@@ -110,12 +110,24 @@ async def get_job(request: web.Request) -> web.Response:
 async def cancel(request: web.Request) -> web.Response:
     """Cancel a job (admin token): a running job is stopped first; 202 with its status."""
     request.app[TOKENS].check(request, admin=True)
+    view = request.app[JOBS]
+    job_id = request.match_info["job_id"]
+    if job_id not in view.jobs and _federated(view):  # a job of another region
+        try:
+            remote = await view.cancel(job_id)
+        except NotLeaderError as exc:
+            raise ApiError(503, "not_leader", str(exc)) from None
+        if remote is None:
+            raise ApiError(404, "not_found", f"no job {job_id!r} in any region that answers")
+        found = await view.find(job_id)
+        region = found[0] if found is not None else ""
+        return web.json_response(detail(remote) | {"region": region}, status=202)
     status = _lookup(request)
     try:
-        cancelled = await request.app[JOBS].cancel(status.job_id)
+        cancelled = await view.cancel(status.job_id)
     except NotLeaderError as exc:
         raise ApiError(503, "not_leader", str(exc)) from None
-    return web.json_response(detail(cancelled or status), status=202)
+    return web.json_response(_located(request, cancelled or status), status=202)
 
 
 def summary(s: JobStatus) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from controller.scheduler import FleetNode
 from proto.codec import CodecError, decode, encode
 from proto.federation import (
     GpuCapacity,
+    JobCancel,
     JobForward,
     JobForwardReply,
     JobLookup,
@@ -160,8 +161,8 @@ JobCounts = Callable[[], tuple[int, int]]
 """(queued, running) jobs of the region."""
 JobOf = Callable[[str], JobStatus | None]
 """This region's status of a job id (None: not here)."""
-Accept = Callable[[JobForward], Awaitable[JobForwardReply]]
-"""What this region does with a job forwarded to it."""
+Accept = Callable[[JobForward | JobCancel], Awaitable[JobForwardReply]]
+"""What this region does with a job forwarded to it, or a cancel of one of its jobs."""
 
 
 class Federation:
@@ -303,6 +304,18 @@ class Federation:
                 return reply
         return reply
 
+    async def cancel_remote(self, region: str, job_id: str) -> JobForwardReply:
+        """Ask ``region``'s leader to cancel its job ``job_id``."""
+        request = encode(JobCancel(job_id=job_id, origin=self.region))
+        try:
+            msg = await self._nc.request(
+                self._subjects.fed_submit(region), request, timeout=FORWARD_TIMEOUT_S
+            )
+            return decode(msg.data, JobForwardReply)
+        except (NatsError, TimeoutError, CodecError) as exc:
+            log.warning("federation: cancelling %s in %s failed: %s", job_id, region, exc)
+            return JobForwardReply(ok=False, region=region, error="unavailable")
+
     async def find_job(self, job_id: str) -> JobLookupReply:
         """Job ``job_id``: here, else the first other region that holds it."""
         here = self.job_of(job_id) if self.job_of is not None else None
@@ -442,7 +455,7 @@ class Federation:
 
     async def _on_submit(self, msg: Msg) -> None:
         try:
-            forwarded = decode(msg.data, JobForward)
+            forwarded = decode(msg.data, JobForward | JobCancel)  # type: ignore[arg-type]
         except CodecError as exc:
             log.warning("federation: bad forwarded job on %s: %s", msg.subject, exc)
             reply = JobForwardReply(

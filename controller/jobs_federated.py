@@ -20,7 +20,7 @@ from controller.forwarding import choose_region
 from controller.jobs import JobManager, handed_over_ok
 from controller.jobs_spec import JobRejectedError, NotLeaderError, parse_job
 from controller.jobs_store import JobConflictError, JobExistsError
-from proto.federation import JobForward, JobForwardReply
+from proto.federation import JobCancel, JobForward, JobForwardReply
 from proto.jobs import Job, JobStatus
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,19 @@ class FederatedJobs:
                 self.forwarded[status.job_id] = region
 
     async def cancel(self, job_id: str) -> JobStatus | None:
-        """Cancel a job of this region (a forwarded one is cancelled where it runs)."""
-        return await self.manager.cancel(job_id)
+        """Cancel a job of this region, or ask the region that holds it (None: unknown,
+        or that region does not answer)."""
+        if job_id in self.manager.jobs:
+            return await self.manager.cancel(job_id)
+        if not self._leading():
+            raise NotLeaderError("this controller does not lead the region; ask the leader")
+        found = await self.federation.find_job(job_id)
+        if not found.found or found.region == self.region:
+            return None
+        reply = await self.federation.cancel_remote(found.region, job_id)
+        if reply.error == "not_leader":
+            raise NotLeaderError(f"{found.region} has no leader right now; try again")
+        return reply.status if reply.ok else None
 
     async def find(self, job_id: str) -> tuple[str, JobStatus] | None:
         """(region, status) of job ``job_id`` from any region that answers; None: unknown."""
@@ -118,10 +129,20 @@ class FederatedJobs:
             return None
         return reply.region, reply.status
 
-    async def accept(self, forwarded: JobForward) -> JobForwardReply:
-        """Queue a job another region forwarded here (the leader only)."""
+    async def accept(self, forwarded: JobForward | JobCancel) -> JobForwardReply:
+        """Queue a job another region forwarded here, or cancel one of this region's jobs
+        for another region (the leader only)."""
         if not self._leading():
             return JobForwardReply(ok=False, region=self.region, error="not_leader")
+        if isinstance(forwarded, JobCancel):
+            try:
+                status = await self.manager.cancel(forwarded.job_id)
+            except NotLeaderError:
+                return JobForwardReply(ok=False, region=self.region, error="not_leader")
+            if status is None:
+                return JobForwardReply(ok=False, region=self.region, error="not_found")
+            log.info("job %s cancelled for %s", forwarded.job_id, forwarded.origin)
+            return JobForwardReply(ok=True, region=self.region, status=status)
         reason = f"forwarded from {forwarded.origin}"
         try:
             status = await self.manager.submit_job(forwarded.job, reason)

@@ -61,14 +61,24 @@ class JobForward(Message, frozen=True, tag="job_forward"):
     """The submitter's region."""
 
 
+class JobCancel(Message, frozen=True, tag="job_cancel"):
+    """Cancel a job that runs in another region (request on ``<p>.fed.submit.<region>``,
+    answered with a :class:`JobForwardReply`)."""
+
+    job_id: str
+    origin: str
+
+
 class JobForwardReply(Message, frozen=True, tag="job_forward_reply"):
-    """The answer to a :class:`JobForward`: the job's status there, or why not."""
+    """The answer to a :class:`JobForward` or :class:`JobCancel`: the job's status there,
+    or why not."""
 
     ok: bool
     region: str = ""
     status: JobStatus | None = None
     error: str = ""
-    """``not_leader``, ``exists``, ``rejected`` or ``unavailable`` when not ``ok``."""
+    """``not_leader``, ``exists``, ``rejected``, ``not_found`` or ``unavailable`` when not
+    ``ok``."""
     reasons: tuple[str, ...] = ()
 
 

@@ -6,6 +6,7 @@ from typing import Final, get_args
 
 from proto.events import Command, CommandReply, ControllerEvent, NodeEvent
 from proto.federation import (
+    JobCancel,
     JobForward,
     JobForwardReply,
     JobLookup,
@@ -35,6 +36,7 @@ AnyMessage = (
     | NodeLookup
     | NodeLookupReply
     | JobForward
+    | JobCancel
     | JobForwardReply
     | JobLookup
     | JobLookupReply

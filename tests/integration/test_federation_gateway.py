@@ -320,4 +320,17 @@ async def test_two_regions_forward_jobs_survive_a_cut_and_converge(
             DEADLINE_S, "the gang queued during the cut to be forwarded to r2",
         )  # fmt: skip
         assert moved["status"]["history"][0]["reason"] == "forwarded from r1"
+
+        # A job of r2 cancelled through r1's API.
+        async with http.delete(f"{r1.api}/v1/jobs/big-gang", headers=ADMIN) as response:
+            body = await response.json()
+            assert response.status == 202, body
+        assert body["region"] == "r2"
+        await wait_for_value(
+            functools.partial(try_get, http, f"{r2.api}/v1/jobs/big-gang"),
+            lambda b: b is not None and b["state"] == "cancelled",
+            DEADLINE_S, "the job cancelled in r2",
+        )  # fmt: skip
+        async with http.delete(f"{r1.api}/v1/jobs/nowhere", headers=ADMIN) as response:
+            assert response.status == 404
         assert "cut-gang" not in {j["id"] for j in (await get(http, f"{r1.api}/v1/jobs"))["jobs"]}

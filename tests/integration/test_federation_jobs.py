@@ -114,6 +114,12 @@ async def test_a_job_too_big_for_home_runs_where_it_fits_and_resolves_from_anywh
     with pytest.raises(JobExistsError):  # the chosen region already has that id
         await r1.jobs.submit(gang("big", 3))
 
+    cancelled = await r3.jobs.cancel("big")  # cancelled from a third region
+    assert cancelled is not None
+    assert cancelled.cancel_requested
+    assert r2.manager.jobs["big"].cancel_requested
+    assert await r3.jobs.cancel("no-such-job") is None
+
 
 async def test_latency_and_allowed_regions_bound_the_choice(regions: dict[str, Region]) -> None:
     r1, r3 = regions["r1"], regions["r3"]
