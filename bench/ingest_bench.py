@@ -12,7 +12,13 @@ Starts its own nats-server (loopback, temp dir) and measures, in one run:
       second from its start until the consumer has nothing pending or unacknowledged;
     - two controller processes over a fresh fill of the same batches, each owning half of
       the clusters (``IngestSettings(clusters=...)``: rail state is per cluster, so a
-      cluster has one owner): the combined rate.
+      cluster has one owner): the combined rate;
+    - steady state: the same measurements (raw, one process, two processes) over batches
+      of nodes the controllers already know: each controller first takes in two warm-up
+      cycles of every node (records and histories created in KV), stops its ingest, and
+      is timed over the next N batches (seq 3 on) from a new ``Ingest`` on the same
+      durable. A production controller sees each node for weeks; the first shape counts
+      each node's first two batches, a fifth of its batches.
 
 (b) Latency. F x P simulated nodes (F clusters of P) each send one healthy batch, and once
     one controller process knows them all, ``failing`` nodes (the same number in every
@@ -53,7 +59,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from controller.ingest import Ingest
-from controller.ingest_settings import IngestSettings, StreamKind, durable_name
+from controller.ingest_settings import IngestSettings, StreamKind, durable_name, tune_gc
 from controller.natsserver import NatsServer, find_nats_server
 from controller.region import RegionController
 from controller.state import NodeStore
@@ -178,7 +184,8 @@ def make_batch(cluster: str, node: str, seq: int, ue_dimm: int | None = None) ->
 def fleet_batches(
     subjects: Subjects, count: int, nodes: int, clusters: int
 ) -> list[tuple[str, bytes]]:
-    """``count`` encoded batches, round robin over ``nodes`` nodes spread over ``clusters``."""
+    """``count`` encoded batches, round robin over ``nodes`` nodes spread over ``clusters``
+    (each node's ``seq`` and ``ts`` grow with its cycles)."""
     names = [(cluster_name(i % clusters), node_name(i)) for i in range(nodes)]
     out = []
     for k in range(count):
@@ -201,21 +208,33 @@ async def fill(js: JetStreamContext, batches: list[tuple[str, bytes]]) -> float:
 
 
 async def worker(url: str, prefix: str, clusters: tuple[str, ...]) -> None:
-    """A controller process: load, say ready, start ingest on "go", stop at stdin EOF."""
+    """A controller process, wired as ``metalguard controller run`` wires it: load, say
+    ready; then each "go" starts a new ingest on the durable and "pause" stops it (says
+    "paused"); at stdin EOF stop and print the last go's counts and CPU."""
     nc = await nats.connect(url, name="ingest-bench-worker")
     js = nc.jetstream(timeout=10)
     subjects = Subjects(prefix)
     store = await NodeStore.open(js, subjects)
     region = RegionController(js, store, subjects, REGION)
     await region.start()
-    ingest = Ingest(js, subjects, IngestSettings(region=REGION, clusters=clusters), region)
+    tune_gc()  # as controller/service.py does once the state is loaded
+    settings = IngestSettings(region=REGION, clusters=clusters)
+    ingest = Ingest(js, subjects, settings, region)
     loop = asyncio.get_running_loop()
     print("ready", flush=True)
-    line = await loop.run_in_executor(None, sys.stdin.readline)
     cpu0 = time.process_time()
-    if line.strip() == "go":
-        await ingest.start()
-        await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
+    running = False
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        if line.strip() == "go" and not running:
+            ingest = Ingest(js, subjects, settings, region)
+            cpu0 = time.process_time()
+            await ingest.start()
+            running = True
+        elif line.strip() == "pause" and running:
+            await ingest.stop()
+            running = False
+            print("paused", flush=True)
+    if running:
         await ingest.stop()
     await region.stop()
     stats = ingest.stats()
@@ -251,8 +270,19 @@ class Worker:
             raise RuntimeError(f"controller worker did not start (said {line!r})")
 
     def go(self) -> None:
+        self._say("go")
+
+    async def pause(self) -> None:
+        """Stop its ingest (the durable keeps its position) and wait until it has."""
+        assert self.proc.stdout is not None
+        self._say("pause")
+        line = await asyncio.to_thread(self.proc.stdout.readline)
+        if line.strip() != "paused":
+            raise RuntimeError(f"controller worker did not pause (said {line!r})")
+
+    def _say(self, command: str) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write("go\n")
+        self.proc.stdin.write(f"{command}\n")
         self.proc.stdin.flush()
 
     async def finish(self) -> dict[str, Any]:
@@ -283,20 +313,33 @@ async def drained(js: JetStreamContext, stream: str, durables: list[str]) -> boo
 
 
 async def run_workers(
-    js: JetStreamContext, url: str, subjects: Subjects, owners: list[tuple[str, ...]], n: int
+    js: JetStreamContext,
+    url: str,
+    subjects: Subjects,
+    owners: list[tuple[str, ...]],
+    n: int,
+    warm_up: list[tuple[str, bytes]] | None = None,
+    timed: list[tuple[str, bytes]] | None = None,
 ) -> tuple[float, list[dict[str, Any]]]:
-    """Start one controller per cluster set, go, wait until all is acked; (batches/s, stats)."""
+    """Start one controller per cluster set, go, wait until all is acked; (batches/s, stats).
+
+    With ``warm_up``: publish it, let the controllers take it in, pause them, publish
+    ``timed`` (``n`` batches) and time only that (steady state: every node known)."""
     workers = [Worker.spawn(url, subjects.prefix, own) for own in owners]
+    durables = [w.durable for w in workers]
     try:
         await asyncio.gather(*(w.ready() for w in workers))
+        if warm_up is not None:
+            await fill(js, warm_up)
+            for w in workers:
+                w.go()
+            await wait_drained(js, subjects.stream_telemetry, durables)
+            await asyncio.gather(*(w.pause() for w in workers))
+            await fill(js, timed or [])
         started = time.perf_counter()
         for w in workers:
             w.go()
-        deadline = time.monotonic() + 600
-        while not await drained(js, subjects.stream_telemetry, [w.durable for w in workers]):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the controllers did not drain the stream in 600 s")
-            await asyncio.sleep(0.05)
+        await wait_drained(js, subjects.stream_telemetry, durables)
         rate = n / (time.perf_counter() - started)
         return rate, [await w.finish() for w in workers]
     finally:
@@ -304,16 +347,26 @@ async def run_workers(
             w.kill()
 
 
+async def wait_drained(js: JetStreamContext, stream: str, durables: list[str]) -> None:
+    deadline = time.monotonic() + 600
+    while not await drained(js, stream, durables):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the controllers did not drain the stream in 600 s")
+        await asyncio.sleep(0.05)
+
+
 # --- (a) throughput ---------------------------------------------------------------------
 
 
-async def raw_consume(js: JetStreamContext, subjects: Subjects, n: int) -> float:
-    """The baseline: pull 256 at a time, decode, ack; msgs/s."""
+async def raw_consume(js: JetStreamContext, subjects: Subjects, n: int) -> tuple[float, float]:
+    """The baseline: pull 256 at a time, decode, ack, until ``n`` messages; (msgs/s, CPU
+    ms of this process per message)."""
     sub = await js.pull_subscribe(
         subjects.all_of("tel"), durable="raw", stream=subjects.stream_telemetry
     )
     got = 0
     started = time.perf_counter()
+    cpu0 = time.process_time()
     while got < n:
         try:
             msgs = await sub.fetch(batch=256, timeout=2)
@@ -324,8 +377,9 @@ async def raw_consume(js: JetStreamContext, subjects: Subjects, n: int) -> float
             await msg.ack()
         got += len(msgs)
     rate = n / (time.perf_counter() - started)
+    cpu_ms = (time.process_time() - cpu0) * 1000 / n
     await sub.unsubscribe()
-    return rate
+    return rate, cpu_ms
 
 
 async def throughput(nc: Client, url: str, n: int, nodes: int, clusters: int) -> None:
@@ -337,7 +391,7 @@ async def throughput(nc: Client, url: str, n: int, nodes: int, clusters: int) ->
     fill_rate = await fill(js, batches)
     print(f"\n(a) throughput: {n:,} batches from {nodes:,} nodes in {clusters} clusters, "
           f"{size:,.0f} bytes each (stream filled at {fill_rate:,.0f} msgs/s)")  # fmt: skip
-    raw = await raw_consume(js, subjects, n)
+    raw, raw_cpu = await raw_consume(js, subjects, n)
     one, stats1 = await run_workers(js, url, subjects, [()], n)
 
     subjects2 = Subjects("ibb")
@@ -346,19 +400,52 @@ async def throughput(nc: Client, url: str, n: int, nodes: int, clusters: int) ->
     names = [cluster_name(i) for i in range(clusters)]
     two, stats2 = await run_workers(js, url, subjects2, [tuple(names[0::2]), tuple(names[1::2])], n)
 
+    report("", raw, one, two, stats1 + stats2, raw_cpu)
+
+    # Steady state: the controllers know every node (two warm-up cycles) before "go".
+    warm = 2 * nodes
+    owners = [tuple(names[0::2]), tuple(names[1::2])]
+    rates: list[float] = []
+    stats: list[dict[str, Any]] = []
+    shapes: list[tuple[str, list[tuple[str, ...]]]] = [("ibs", [()]), ("ibt", owners)]
+    for prefix, own in shapes:
+        subjects3 = Subjects(prefix)
+        await ensure_streams(js, subjects3)
+        batches3 = fleet_batches(subjects3, warm + n, nodes, clusters)
+        rate, st = await run_workers(js, url, subjects3, own, n, batches3[:warm], batches3[warm:])
+        rates.append(rate)
+        stats += st
+    subjects4 = Subjects("ibr")  # the raw consumer over the same (seq 3 on) batches
+    await ensure_streams(js, subjects4)
+    await fill(js, fleet_batches(subjects4, warm + n, nodes, clusters)[warm:])
+    raw_steady, raw_steady_cpu = await raw_consume(js, subjects4, n)
+    print(f"\n(a) steady state: the same {n:,} batches (each node's cycles 3 on) to controllers "
+          f"that took in {warm:,} warm-up batches (2 per node) before \"go\"")  # fmt: skip
+    report("steady ", raw_steady, rates[0], rates[1], stats, raw_steady_cpu)
+
+
+def report(
+    label: str, raw: float, one: float, two: float, stats: list[dict[str, Any]], raw_cpu: float
+) -> None:
+    """The throughput table of one shape (``label``: "" or "steady ", starts its lines)."""
+    what = ("nodes known", "nodes known") if label else ("score, decide, KV", "clusters split")
+    rows = {
+        "raw nats-py pull + decode + ack": raw,
+        f"1 controller process ({what[0]})": one,
+        f"2 controller processes ({what[1]})": two,
+    }
     print(f"{'consumer':<44} {'msgs/s':>9} {'vs raw':>7}")
-    print(f"{'raw nats-py pull + decode + ack':<44} {raw:>9,.0f} {1.0:>6.2f}x")
-    print(f"{'1 controller process (score, decide, KV)':<44} {one:>9,.0f} {one / raw:>6.2f}x")
-    print(f"{'2 controller processes (clusters split)':<44} {two:>9,.0f} {two / raw:>6.2f}x")
+    for name, rate in rows.items():
+        print(f"{name:<44} {rate:>9,.0f} {rate / raw:>6.2f}x")
     verdict = "met" if one / raw >= RATIO_GOAL else "missed"
-    print(f"controller/raw = {one / raw:.2f} (goal >= {RATIO_GOAL}: {verdict}); "
+    print(f"{label}controller/raw = {one / raw:.2f} (goal >= {RATIO_GOAL}: {verdict}); "
           f"2 processes / 1 = {two / one:.2f}")  # fmt: skip
-    handled = [s.get("ingested", 0) for s in stats1 + stats2]
-    errors = sum(s.get("errors", 0) for s in stats1 + stats2)
-    print(f"handled per process: {handled} (handler errors: {errors})")
-    cpu = [s.get("cpu_ms", 0) / max(1, s.get("ingested", 0)) for s in stats1 + stats2]
-    print(f"controller CPU per batch: 1 process {cpu[0]:.2f} ms; "
-          f"2 processes {cpu[1]:.2f} / {cpu[2]:.2f} ms")  # fmt: skip
+    handled = [s.get("ingested", 0) for s in stats]
+    errors = sum(s.get("errors", 0) for s in stats)
+    print(f"{label}handled per process: {handled} (handler errors: {errors})")
+    cpu = [s.get("cpu_ms", 0) / max(1, s.get("ingested", 0)) for s in stats]
+    print(f"{label}controller CPU per batch: 1 process {cpu[0]:.2f} ms; "
+          f"2 processes {cpu[1]:.2f} / {cpu[2]:.2f} ms; raw consumer {raw_cpu:.2f} ms")  # fmt: skip
 
 
 # --- (b) fault-to-isolation latency ------------------------------------------------------

@@ -175,6 +175,45 @@ def steady(record: NodeRecord | None, item: NodeInput) -> NodeRecord | None:
     )
 
 
+def steady_batch(
+    record: NodeRecord | None, batch: TelemetryBatch, assessment: Assessment, received_ts: float
+) -> NodeRecord | None:
+    """``steady(record, batch_input(batch, assessment, received_ts))`` without building
+    the input (most batches take this path; tests/unit/test_decide_steady.py holds the
+    two equal)."""
+    if (
+        record is None
+        or record.grade != "HEALTHY"
+        or assessment.grade != "HEALTHY"
+        or assessment.fatal
+        or record.cordoned
+        or record.maintenance
+        or record.held
+        or record.rail_flagged
+        or record.unreachable_from is not None
+        or record.clean_cycles
+        or record.isolations
+        or record.last_seen_ts is None
+        or batch.seq <= record.last_seq
+        or assessment.score != record.score
+    ):
+        return None
+    findings = assessment.findings
+    reasons = record.reasons
+    if len(findings) != len(reasons) or any(
+        f.reason != r for f, r in zip(findings, reasons, strict=True)
+    ):
+        return None
+    return replace(
+        record,
+        last_seen_ts=received_ts,
+        last_sent_ts=batch.ts,
+        last_seq=batch.seq,
+        interval_s=batch.interval_s or record.interval_s,
+        updated_ts=received_ts,
+    )
+
+
 def decide(
     records: Mapping[str, NodeRecord],
     rails: Mapping[ClusterKey, RailState],

@@ -1,17 +1,20 @@
 """Ingest: durable JetStream pull consumers feeding the region controller.
 
 One durable consumer per stream (telemetry, node events), filtered to this region (and
-to the clusters this process owns).  A fetch loop per stream pulls batches, sorts each
-message to its node's lane (:mod:`controller.ingest_dispatch`) and the lane's worker
-calls the :class:`~controller.ingest_api.IngestHandler`, then acknowledges.  Messages
-that cannot be decoded are published to ``<p>.dlq.<stream>`` and acknowledged away.
-See docs/ingest.md.
+to the clusters this process owns).  A fetch loop per stream pulls batches
+(:mod:`controller.ingest_pull`; the next pull is in flight while a batch is routed),
+sorts each message to its node's lane (:mod:`controller.ingest_dispatch`) and the lane's
+worker calls the :class:`~controller.ingest_api.IngestHandler`, then acknowledges.  A
+batch of a node with nothing queued goes to the handler's ``on_batch_now`` straight from
+the fetch loop when it has one (only what needs I/O is queued).  Messages that cannot be
+decoded are published to ``<p>.dlq.<stream>`` and acknowledged away.  See docs/ingest.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +31,7 @@ from prometheus_client import CollectorRegistry
 from controller.ingest_api import IngestHandler
 from controller.ingest_dispatch import NodeDispatcher
 from controller.ingest_metrics import IngestMetrics, IngestStats, RateLimiter
+from controller.ingest_pull import Puller
 from controller.ingest_settings import (
     IngestSettings,
     StreamKind,
@@ -36,7 +40,7 @@ from controller.ingest_settings import (
     node_key,
     shard_of,
 )
-from proto.codec import CodecError, decode
+from proto.codec import CodecError, SectionReuse, decode
 from proto.events import NodeEvent
 from proto.subjects import (
     NodeEventSubject,
@@ -56,8 +60,15 @@ HDR_SEQ: Final = "Mg-Original-Seq"
 HDR_SENDER: Final = "Mg-Sender"
 HDR_REASON: Final = "Mg-Reason"
 _MAX_REASON = 512
+INLINE_YIELD_EVERY: Final = 64
+"""Batches handled inline by the fetch loop between two yields to the event loop."""
+BatchNow = Callable[[TelemetryBatch, float], Callable[[], Awaitable[None]] | None]
+"""``IngestHandler.on_batch_now`` (optional): see controller/ingest_api.py."""
 PARSED_SUBJECTS_KEPT: Final = 100_000
 """Parsed subjects remembered (two per node); the memo is emptied when it is full."""
+REUSED_SECTIONS: Final = ("edac", "pcie", "smart", "bmc", "gpu", "net", "errors", "qos", "topology")
+"""TelemetryBatch fields a node's next batch reuses when their bytes are unchanged: its
+counters and states (fan, temperature and collector timings change every batch)."""
 
 __all__ = [
     "HDR_REASON",
@@ -81,7 +92,7 @@ class _Route:
     kind: StreamKind
     stream: str
     durable: str
-    sub: JetStreamContext.PullSubscription | None = None
+    sub: Puller | None = None
     task: asyncio.Task[None] | None = None
     fetching: bool = False
 
@@ -92,6 +103,8 @@ class _Item:
     msg: Msg
     message: TelemetryBatch | NodeEvent
     received_ts: float
+    rest: Callable[[], Awaitable[None]] | None = None
+    """What ``on_batch_now`` left to await (the handler was already called inline)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +144,8 @@ class Ingest:
         self._fetch_log = RateLimiter(settings.log_interval_s, clock)
         self._parsed: dict[str, ParsedSubject] = {}
         """Parsed subjects by subject: a node's subjects repeat every batch."""
+        self._batches = SectionReuse(TelemetryBatch, REUSED_SECTIONS)
+        """Telemetry decoding that keeps each node's unchanged sections (proto/codec.py)."""
         self._dispatch: NodeDispatcher[_Item] = NodeDispatcher(
             self._serve,
             queue_size=settings.node_queue_size,
@@ -145,6 +160,8 @@ class Ingest:
             self.metrics.stream(route.stream)
         self._stopping = asyncio.Event()
         self._started = False
+        self._batch_now: BatchNow | None = getattr(handler, "on_batch_now", None)
+        """The handler's synchronous start of ``on_batch``, when it has one."""
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -160,9 +177,9 @@ class Ingest:
         try:
             for route in self._routes:
                 await self._js.add_consumer(route.stream, self._consumer_config(route))
-                route.sub = await self._js.pull_subscribe_bind(
-                    durable=route.durable, stream=route.stream
-                )
+                puller = Puller(self._js, route.stream, route.durable)
+                await puller.start()
+                route.sub = puller
         except BaseException:
             await self._unsubscribe()
             raise
@@ -234,29 +251,48 @@ class Ingest:
 
     # --- fetch loop -----------------------------------------------------------------------
     async def _fetch_loop(self, route: _Route) -> None:
+        """Pull, route, repeat; the next pull is in flight while a batch is routed (the
+        server delivers it meanwhile). Once stopping, a pull in flight is still routed."""
+        pending: asyncio.Task[list[Msg]] | None = None
+        try:
+            while True:
+                sub = route.sub
+                if sub is None:
+                    return
+                if pending is None:
+                    if self._stopping.is_set():
+                        return
+                    pending = self._pull(sub)
+                route.fetching = True
+                try:
+                    msgs = await pending
+                except TimeoutError:
+                    # An empty pull.  nats-py raises its own TimeoutError, or, on a busy
+                    # loop, the plain one (an OSError): neither is a failure to back off from.
+                    continue
+                except (nats.errors.Error, OSError) as exc:
+                    await self._recover(route, exc)
+                    continue
+                finally:
+                    route.fetching = False
+                    pending = None
+                if not self._stopping.is_set() and route.sub is sub:
+                    pending = self._pull(sub)
+                try:
+                    await self._route_batch(route, msgs)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("ingest %s: a batch could not be routed", route.stream)
+        finally:
+            if pending is not None:  # cancelled while routing: that pull is given up
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pending
+
+    def _pull(self, sub: Puller) -> asyncio.Task[list[Msg]]:
         s = self.settings
-        while not self._stopping.is_set():
-            sub = route.sub
-            if sub is None:
-                return
-            route.fetching = True
-            try:
-                msgs = await sub.fetch(batch=s.fetch_batch, timeout=s.fetch_timeout_s)
-            except TimeoutError:
-                # An empty pull.  nats-py raises its own TimeoutError, or, on a busy loop,
-                # the plain one (an OSError): neither is a failure to back off from.
-                continue
-            except (nats.errors.Error, OSError) as exc:
-                await self._recover(route, exc)
-                continue
-            finally:
-                route.fetching = False
-            try:
-                await self._route_batch(route, msgs)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("ingest %s: a batch could not be routed", route.stream)
+        return asyncio.create_task(sub.fetch(s.fetch_batch, s.fetch_timeout_s), name="ingest-pull")
 
     async def _recover(self, route: _Route, exc: Exception) -> None:
         """After a failed fetch: wait, and re-create the consumer if it was deleted."""
@@ -278,18 +314,10 @@ class Ingest:
             log.warning("consumer %s on %s is gone; re-creating it", route.durable, route.stream)
         except (nats.errors.Error, TimeoutError):
             return  # server unreachable or busy: fetch again later
-        old = route.sub
-        try:
+        try:  # the puller's inbox outlives the consumer: only the consumer is re-made
             await self._js.add_consumer(route.stream, self._consumer_config(route))
-            route.sub = await self._js.pull_subscribe_bind(
-                durable=route.durable, stream=route.stream
-            )
         except (nats.errors.Error, TimeoutError) as err:
             log.warning("re-creating consumer %s failed: %r", route.durable, err)
-            return
-        if old is not None:
-            with contextlib.suppress(nats.errors.Error, TimeoutError):
-                await old.unsubscribe()
 
     async def _pause(self, seconds: float) -> None:
         """Wait ``seconds``, or less when stop() is called."""
@@ -302,6 +330,7 @@ class Ingest:
         if msgs:  # the last message's count of those behind it is the consumer's lag
             with contextlib.suppress(nats.errors.Error, ValueError, IndexError):
                 self.metrics.set_lag(route.stream, msgs[-1].metadata.num_pending)
+        inline = 0
         for msg in msgs:
             verdict = self._classify(route, msg)
             if isinstance(verdict, _Bad):
@@ -310,10 +339,24 @@ class Ingest:
                 self.metrics.count(route.stream, "skipped")
                 await _settle(msg.ack(), route)
             else:
-                item = _Item(route, msg, verdict[1], received)
-                if self._dispatch.is_full(verdict[0]):
+                key, message = verdict
+                item = _Item(route, msg, message, received)
+                if (
+                    self._batch_now is not None
+                    and isinstance(message, TelemetryBatch)
+                    and not self._dispatch.busy(key)
+                ):
+                    # Nothing of this node queued: start the handler here (no task switch);
+                    # what needs I/O goes to its lane, ahead of its later messages.
+                    item = await self._serve_now(item, self._batch_now)
+                    inline += 1
+                    if inline % INLINE_YIELD_EVERY == 0:
+                        await asyncio.sleep(0)  # let the workers and the I/O run
+                    if item.rest is None:
+                        continue
+                if self._dispatch.is_full(key):
                     self.metrics.count(route.stream, "backpressure_waits")
-                await self._dispatch.put(verdict[0], item)
+                await self._dispatch.put(key, item)
         if dead:
             for result in await asyncio.gather(*dead, return_exceptions=True):
                 if isinstance(result, Exception):
@@ -344,7 +387,10 @@ class Ingest:
         if shard is not None and shard_of(key, shard[1]) != shard[0]:
             return _SKIP
         try:
-            message = decode(msg.data, expected)
+            if expected is TelemetryBatch:
+                message: TelemetryBatch | NodeEvent = self._batches.decode(key, msg.data)
+            else:
+                message = decode(msg.data, expected)
         except CodecError as exc:
             return _Bad(key, exc.reason)
         n = message.node
@@ -397,30 +443,56 @@ class Ingest:
 
     # --- per-node worker ------------------------------------------------------------------
     async def _serve(self, item: _Item) -> None:
-        route, msg, message = item.route, item.msg, item.message
+        message = item.message
         started = time.perf_counter()
         try:
-            if isinstance(message, TelemetryBatch):
+            if item.rest is not None:
+                await item.rest()
+            elif isinstance(message, TelemetryBatch):
                 await self._handler.on_batch(message, item.received_ts)
             else:
                 await self._handler.on_node_event(message, item.received_ts)
         except Exception:
-            self.metrics.count(route.stream, "handler_errors")
-            n = message.node
-            sender = node_key(n.region, n.cluster, n.node)
-            suppressed = self._handler_log.allow(sender)
-            if suppressed is not None:
-                log.exception(
-                    "ingest handler failed on %s (%d similar suppressed); redelivery in %.1fs",
-                    msg.subject,
-                    suppressed,
-                    self.settings.retry_delay_s,
-                )
-            await _settle(msg.nak(delay=self.settings.retry_delay_s), route)
+            await self._failed(item)
             return
+        await self._done(item, started)
+
+    async def _serve_now(self, item: _Item, batch_now: BatchNow) -> _Item:
+        """Call the handler's synchronous part on a batch; settle the message when that
+        was all. The item with what is left to await, if anything."""
+        started = time.perf_counter()
+        assert isinstance(item.message, TelemetryBatch)
+        try:
+            rest = batch_now(item.message, item.received_ts)
+        except Exception:
+            await self._failed(item)
+            return item
+        if rest is not None:
+            return dataclasses.replace(item, rest=rest)
+        await self._done(item, started)
+        return item
+
+    async def _done(self, item: _Item, started: float) -> None:
+        route = item.route
         self.metrics.observe_latency(route.stream, time.perf_counter() - started)
         self.metrics.count(route.stream, "ingested")
-        await _settle(msg.ack(), route)
+        await _settle(item.msg.ack(), route)
+
+    async def _failed(self, item: _Item) -> None:
+        """The handler raised: count, log (rate-limited), nak for a later redelivery."""
+        route, msg = item.route, item.msg
+        self.metrics.count(route.stream, "handler_errors")
+        n = item.message.node
+        sender = node_key(n.region, n.cluster, n.node)
+        suppressed = self._handler_log.allow(sender)
+        if suppressed is not None:
+            log.exception(
+                "ingest handler failed on %s (%d similar suppressed); redelivery in %.1fs",
+                msg.subject,
+                suppressed,
+                self.settings.retry_delay_s,
+            )
+        await _settle(msg.nak(delay=self.settings.retry_delay_s), route)
 
 
 async def _settle(ack: Awaitable[None], route: _Route) -> None:

@@ -60,6 +60,10 @@ class NodeDispatcher(Generic[T]):
         """Keys with work queued or being served."""
         return len(self._lanes)
 
+    def busy(self, key: str) -> bool:
+        """Whether ``key`` has items queued or being served (its next item must wait)."""
+        return key in self._lanes
+
     def is_full(self, key: str) -> bool:
         """Whether a ``put`` for ``key`` would wait now."""
         lane = self._lanes.get(key)

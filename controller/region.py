@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -36,12 +36,12 @@ from controller.decide import (
     decide_operator,
     decide_silence,
     event_input,
-    steady,
+    steady_batch,
 )
 from controller.decision_metrics import DecisionMetrics
 from controller.lifecycle import LifecycleConfig, OperatorAction
 from controller.out_of_band import BmcWord, with_bmc
-from controller.scoring import NodeSignals, assess
+from controller.scoring import Assessment, NodeSignals, ScoringMemo, assess
 from controller.scoring_config import DEFAULT_SCORING, ScoringConfig
 from controller.state import ClusterKey, NodeStore, StoreConflictError, handle_of
 from controller.topology import TopologyView
@@ -113,6 +113,8 @@ class RegionController:
         self._scores: dict[str, deque[tuple[float, float]]] = {}
         """Recent (time, score) points of each node, for the node page (in memory)."""
         self._signals: dict[str, NodeSignals] = {}
+        self._memos: dict[str, ScoringMemo] = {}
+        """Each node's scoring memo (reuse of unchanged sections' rule outputs)."""
         self._locks: dict[ClusterKey, asyncio.Lock] = {}
         self._flush_lock = asyncio.Lock()
         self._silence_task: asyncio.Task[None] | None = None
@@ -125,38 +127,75 @@ class RegionController:
     async def on_batch(self, batch: TelemetryBatch, received_ts: float) -> None:
         """Score a batch and take it into its node's lifecycle; an out-of-band batch (a
         bmc-proxy's) is kept for the node's next batch and its silence check instead."""
+        rest = self.on_batch_now(batch, received_ts)
+        if rest is not None:
+            await rest()
+
+    def on_batch_now(
+        self, batch: TelemetryBatch, received_ts: float
+    ) -> Callable[[], Awaitable[None]] | None:
+        """:meth:`on_batch` up to its first I/O, without awaiting: None when that was all
+        (a steady node's batch: scored, liveness cached), else what is left to await,
+        before the node's next message (ingest calls this inline for a node with nothing
+        queued, see controller/ingest.py)."""
         if not self._ours(batch.node):
-            return
+            return None
         handle = handle_of(batch.node)
         if batch.out_of_band:
             self._bmc[handle] = BmcWord(received_ts, batch)
-            return
+            return None
         self.topology.observe(handle, batch)
         batch = with_bmc(batch, self._bmc.get(handle), received_ts)
         self._qos[handle] = batch.qos
         previous = self._signals.get(handle) or self.store.signals.get(handle)
-        signals, assessment = assess(previous, batch, self._scoring)
+        memo = self._memos.get(handle)
+        if memo is None:
+            memo = self._memos[handle] = ScoringMemo()
+        signals, assessment = assess(previous, batch, self._scoring, memo)
         self._signals[handle] = signals
-        if assessment.history_changed and self._leading():
-            await self.store.put_signals(handle, signals)
-        item = batch_input(batch, assessment, received_ts)
         self._keep_score(handle, received_ts, assessment.score)
-        if await self._steady(handle, item):
-            return
+        persist = assessment.history_changed and self._leading()
+        if not persist and self._steady_now(handle, batch, assessment, received_ts):
+            return None
 
-        def round_() -> Outcome:
-            return self._decide(item, received_ts)
+        async def rest() -> None:
+            if persist:
+                await self.store.put_signals(handle, signals)
+            if await self._steady(handle, batch, assessment, received_ts):
+                return
+            item = batch_input(batch, assessment, received_ts)
 
-        await self._round(batch.node, round_, received_ts)
+            def round_() -> Outcome:
+                return self._decide(item, received_ts)
 
-    async def _steady(self, handle: str, item: NodeInput) -> bool:
-        """Take in a steady healthy node's batch without a round (controller.decide.steady:
-        only its liveness changes, written lazily); False when a round must decide."""
-        record = self.store.records.get(handle)
-        after = steady(record, item)
+            await self._round(batch.node, round_, received_ts)
+
+        return rest
+
+    def _steady_now(
+        self, handle: str, batch: TelemetryBatch, assessment: Assessment, received_ts: float
+    ) -> bool:
+        """:meth:`_steady` when it needs no wait: the cluster's lock is free (taking and
+        releasing it with no await between is not taking it at all)."""
+        after = steady_batch(self.store.records.get(handle), batch, assessment, received_ts)
         if after is None or not self._leading():
             return False
-        async with self._lock((item.node.region, item.node.cluster)):
+        if self._lock((batch.node.region, batch.node.cluster)).locked():
+            return False
+        return self.store.put_liveness(after)
+
+    async def _steady(
+        self, handle: str, batch: TelemetryBatch, assessment: Assessment, received_ts: float
+    ) -> bool:
+        """Take in a steady healthy node's batch without a round (controller.decide.steady:
+        only its liveness changes, written lazily); False when a round must decide."""
+        if self._steady_now(handle, batch, assessment, received_ts):
+            return True
+        record = self.store.records.get(handle)
+        after = steady_batch(record, batch, assessment, received_ts)
+        if after is None or not self._leading():
+            return False
+        async with self._lock((batch.node.region, batch.node.cluster)):
             if self.store.records.get(handle) is not record:
                 return False  # changed while waiting for the lock: decide in full
             await self.store.put_record(after)

@@ -20,8 +20,11 @@ Sample = tuple[float, int]
 """(time in Unix seconds, counter value)"""
 
 
-class CounterHistory(msgspec.Struct, frozen=True, kw_only=True):
-    """One counter's recent samples, oldest first, and the resets seen in it."""
+class CounterHistory(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One counter's recent samples, oldest first, and the resets seen in it.
+
+    Not tracked by the garbage collector (``gc=False``): it holds only numbers, so it
+    can be in no reference cycle, and a controller keeps thousands of them alive."""
 
     samples: tuple[Sample, ...] = ()
     resets: int = 0
@@ -36,8 +39,9 @@ class CounterHistory(msgspec.Struct, frozen=True, kw_only=True):
         return len(samples) < 2 or samples[0][1] == samples[-1][1]
 
 
-class NodeSignals(msgspec.Struct, frozen=True, kw_only=True):
-    """The signal history of one node, keyed like ``edac.mc0.dimm3.ce``."""
+class NodeSignals(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The signal history of one node, keyed like ``edac.mc0.dimm3.ce`` (``gc=False``:
+    it holds only strings and CounterHistory, so it can be in no reference cycle)."""
 
     updated_ts: float | None = None
     """The time of the newest batch taken in."""
@@ -133,16 +137,20 @@ def _steady(current: NodeSignals, ts: float, values: Mapping[str, int]) -> NodeS
     if len(counters) != len(values) or not counters:
         return None
     moved: dict[str, CounterHistory] = {}
+    newest: dict[int, Sample] = {}  # one (ts, value) tuple per distinct value
+    replace = msgspec.structs.replace
     for key, history in counters.items():
         samples = history.samples
-        value = values.get(key)
-        if len(samples) != 2 or value is None or samples[0][1] != value or samples[1][1] != value:
+        if len(samples) != 2:
             return None
-        moved[key] = CounterHistory(
-            samples=(samples[0], (ts, value)),
-            resets=history.resets,
-            last_reset_ts=history.last_reset_ts,
-        )
+        first, last = samples
+        value = first[1]
+        if last[1] != value or values.get(key) != value:
+            return None
+        sample = newest.get(value)
+        if sample is None:
+            sample = newest[value] = (ts, value)
+        moved[key] = replace(history, samples=(first, sample))
     return NodeSignals(updated_ts=ts, counters=moved)
 
 

@@ -34,6 +34,7 @@ from controller.config import (
 )
 from controller.federation import Federation, job_counts
 from controller.ingest import Ingest, IngestSettings
+from controller.ingest_settings import tune_gc
 from controller.jobs import JobManager
 from controller.jobs_federated import FederatedJobs
 from controller.jobs_store import JobStore
@@ -294,6 +295,7 @@ async def _serve(
     try:
         await leadership.start()
         await controller.start(silence_interval_s=cfg.silence_check_s)
+        tune_gc()  # state loaded: freeze it, raise the thresholds (docs/ingest.md)
         await ingest.start()
         await jobs.start()
         if federation is not None:

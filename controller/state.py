@@ -136,6 +136,18 @@ class NodeStore:
         self._unwritten.discard(key)
         self._keep(key, record)
 
+    def put_liveness(self, record: NodeRecord) -> bool:
+        """Cache ``record`` to be written by :meth:`flush_liveness`, without comparing it
+        with the cached one: the caller promises it differs only in liveness fields
+        (``controller.decide.steady``'s output). False, and nothing done, when the node
+        has no record written yet: then use :meth:`put_record`."""
+        key = handle_of(record.node)
+        if key not in self.records or key not in self._revisions:
+            return False
+        self._unwritten.add(key)
+        self.records[key] = record
+        return True
+
     @property
     def unwritten(self) -> frozenset[str]:
         """The handles whose record has liveness not yet written."""

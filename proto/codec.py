@@ -6,7 +6,8 @@ type and a newer major schema version are named as such.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, overload
+from collections.abc import Iterable
+from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
@@ -143,3 +144,90 @@ def _explain(
         want = expected.__struct_config__.tag
         return CodecError(f"expected a {want!r} message, got {tag_name!r}", message_type=tag_name)
     return CodecError(f"invalid {tag_name!r} message: {detail}", message_type=tag_name)
+
+
+class SectionReuse(Generic[M]):
+    """Decodes messages of one type, sender after sender, reusing the decoded value of
+    every *section* (a field holding records) whose bytes are those of the same section
+    of the sender's previous message: a node's EDAC and PCIe counters are the same batch
+    after batch, so they are neither decoded nor allocated again, and the scorer can tell
+    them unchanged by identity (controller.scoring.ScoringMemo).
+
+    The result equals ``decode(data, expected)`` (tests/unit/test_codec_reuse.py); every
+    failure, and anything unusual (a newer ``v``, another type), is handed to
+    :func:`decode`, so the error is the same too. The wire format is untouched.
+    """
+
+    def __init__(
+        self, expected: type[M], sections: Iterable[str], *, max_senders: int = 100_000
+    ) -> None:
+        info = {f.name: f for f in msgspec.structs.fields(expected)}
+        chosen = tuple(sections)
+        unknown = set(chosen) - set(info)
+        if unknown:
+            raise ValueError(f"{expected.__name__} has no fields {sorted(unknown)}")
+        config = expected.__struct_config__
+        fields: list[Any] = []
+        for f in info.values():
+            if f.name in chosen:
+                fields.append((f.name, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET))
+            elif f.required:
+                fields.append((f.name, f.type))
+            elif f.default_factory is not msgspec.NODEFAULT:
+                fields.append((f.name, f.type, msgspec.field(default_factory=f.default_factory)))
+            else:
+                fields.append((f.name, f.type, f.default))
+        if any(f.encode_name != f.name for f in info.values()):
+            raise ValueError(f"{expected.__name__} renames fields: not supported")
+        lazy = msgspec.defstruct(
+            f"_Sections{expected.__name__}",
+            fields,
+            kw_only=True,
+            tag=config.tag,
+            tag_field=config.tag_field,
+            forbid_unknown_fields=config.forbid_unknown_fields,
+        )
+        self._expected = expected
+        self._lazy = msgspec.msgpack.Decoder(lazy)
+        self._names = tuple(info)
+        self._sections = tuple(
+            (info[name].name, msgspec.msgpack.Decoder(info[name].type)) for name in chosen
+        )
+        self._max_senders = max_senders
+        self._previous: dict[str, dict[str, tuple[msgspec.Raw, Any]]] = {}
+
+    def decode(self, sender: str, data: bytes | bytearray | memoryview) -> M:
+        """Decode ``data`` (from ``sender``) into ``expected``; CodecError if it cannot."""
+        try:
+            lazy = self._lazy.decode(data)
+        except (msgspec.DecodeError, TypeError, RecursionError):
+            return decode(data, self._expected)  # raises the canonical error
+        previous = self._previous.get(sender)
+        if previous is None:
+            if len(self._previous) >= self._max_senders:
+                self._previous.clear()
+            previous = self._previous[sender] = {}
+        values = dict(zip(self._names, msgspec.structs.astuple(lazy), strict=True))
+        for name, decoder in self._sections:
+            raw = values[name]
+            if raw is msgspec.UNSET:
+                del values[name]  # absent: the field's default
+                continue
+            kept = previous.get(name)
+            if kept is not None and kept[0] == raw:
+                values[name] = kept[1]
+                continue
+            try:
+                value = decoder.decode(raw)
+            except (msgspec.DecodeError, TypeError, RecursionError):
+                previous.pop(name, None)
+                return decode(data, self._expected)  # raises the canonical error
+            previous[name] = (raw.copy(), value)
+            values[name] = value
+        if getattr(lazy, "v", SCHEMA_VERSION) > SCHEMA_VERSION:
+            return decode(data, self._expected)  # raises: newer than supported
+        return self._expected(**values)
+
+    def forget(self, sender: str) -> None:
+        """Drop what is kept of ``sender``'s previous message."""
+        self._previous.pop(sender, None)

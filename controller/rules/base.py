@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -62,6 +63,30 @@ def growth_only(rule: Rule) -> Rule:
     it)."""
     GROWTH_ONLY_RULES.add(rule)
     return rule
+
+
+READS: dict[Callable[..., Iterable[Any]], frozenset[str]] = {}
+"""Rules and counter sources marked with :func:`reads`: the batch fields each reads."""
+
+_F = TypeVar("_F", bound=Callable[..., Iterable[Any]])
+
+
+def reads(*fields: str) -> Callable[[_F], _F]:
+    """Mark a rule (or counter source) whose output depends only on these fields of the
+    batch (and the scoring config): not on ``ctx.signals``, the batch's time or any other
+    field. The scorer reuses its previous output for a node while those fields are the
+    very objects of the node's previous batch (ingest's decoder hands unchanged sections
+    back as the same objects: proto/codec.py ``SectionReuse``);
+    tests/unit/test_scoring_memo.py holds every marked function to its mark."""
+    unknown = set(fields) - set(TelemetryBatch.__struct_fields__)
+    if unknown:
+        raise ValueError(f"no such TelemetryBatch fields: {sorted(unknown)}")
+
+    def mark(fn: _F) -> _F:
+        READS[fn] = frozenset(fields)
+        return fn
+
+    return mark
 
 
 def finding(

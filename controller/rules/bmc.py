@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from controller.rules.base import Context, Finding, finding, flagged
+from controller.rules.base import Context, Finding, finding, flagged, reads
 from proto.telemetry import BmcReading, BmcSensor
 
 HEALTH_SEVERE = "critical"
@@ -16,6 +16,7 @@ HEALTH_WARNING = "warning"
 """Health and sensor status words (Redfish ``Status.Health``; normalised sensor status)."""
 
 
+@reads("bmc")
 def bmc_health(ctx: Context) -> Iterator[Finding]:
     """The BMC's overall health: Critical is severe, Warning a warning."""
     rule = ctx.rules.bmc_health
@@ -38,6 +39,7 @@ def bmc_health(ctx: Context) -> Iterator[Finding]:
         )
 
 
+@reads("bmc")
 def bmc_sensor(ctx: Context) -> Iterator[Finding]:
     """A BMC sensor in critical (severe) or warning status."""
     rule = ctx.rules.bmc_sensor
@@ -61,6 +63,7 @@ def bmc_sensor(ctx: Context) -> Iterator[Finding]:
             )
 
 
+@reads("bmc")
 def bmc_unreachable(ctx: Context) -> Iterator[Finding]:
     """A BMC source that did not answer (a note by default)."""
     rule = ctx.rules.bmc_unreachable

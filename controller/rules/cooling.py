@@ -10,13 +10,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 
-from controller.rules.base import Context, Finding, flagged
+from controller.rules.base import Context, Finding, flagged, reads
 from controller.scoring_config import FanPeerRule
 from proto.telemetry import Fan, Temperature
 
 UNSET_LIMIT_CELSIUS = 0.0
 
 
+@reads("hwmon")
 def fans(ctx: Context) -> Iterator[Finding]:
     """Rules ``fan_stopped``, ``fan_below_min``, ``fan_alarm`` and ``fan_peer_outlier``."""
     rules = ctx.rules
@@ -87,6 +88,7 @@ def _peer_outlier(
         )
 
 
+@reads("hwmon")
 def temperatures(ctx: Context) -> Iterator[Finding]:
     """Rules ``temp_critical``, ``temp_near_critical`` and ``temp_above_max``."""
     margin = ctx.rules.temp_near_critical.margin_celsius

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from controller.rules.base import Context, Finding, finding, flagged, plural
+from controller.rules.base import Context, Finding, finding, flagged, plural, reads
 from controller.scoring_config import GrowthRule
 from proto.telemetry import NVME_CRITICAL_WARNING_BITS, SmartDevice, TelemetryBatch
 
@@ -25,6 +25,7 @@ GROWTH_RULES: tuple[tuple[str, str, str], ...] = (
 """(rule key, SmartDevice field, what it counts, singular)"""
 
 
+@reads("smart")
 def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
     """Per disk: every counter a growth rule judges."""
     for disk in batch.smart:
@@ -34,6 +35,7 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
                 yield _key(disk, field), value
 
 
+@reads("smart")
 def smart_failed(ctx: Context) -> Iterator[Finding]:
     """The drive's overall-health self-assessment failed: fatal by default."""
     rule = ctx.rules.smart_failed
@@ -51,6 +53,7 @@ def smart_failed(ctx: Context) -> Iterator[Finding]:
             )
 
 
+@reads("smart")
 def nvme_critical_warning(ctx: Context) -> Iterator[Finding]:
     """Any NVMe critical-warning bit set."""
     rule = ctx.rules.nvme_critical_warning
@@ -69,6 +72,7 @@ def nvme_critical_warning(ctx: Context) -> Iterator[Finding]:
             )
 
 
+@reads("smart")
 def nvme_wear(ctx: Context) -> Iterator[Finding]:
     """NVMe ``percentage_used`` (rated endurance spent) at the warning or severe level."""
     rule = ctx.rules.nvme_wear
@@ -91,6 +95,7 @@ def nvme_wear(ctx: Context) -> Iterator[Finding]:
         )
 
 
+@reads("smart")
 def nvme_spare(ctx: Context) -> Iterator[Finding]:
     """NVMe ``available_spare`` at or below the threshold (percent)."""
     rule = ctx.rules.nvme_spare
@@ -111,6 +116,8 @@ def nvme_spare(ctx: Context) -> Iterator[Finding]:
 
 def growth(ctx: Context) -> Iterator[Finding]:
     """Every growth rule: counts that grew within the window, else totals past a threshold."""
+    if not ctx.batch.smart:
+        return  # no disk: nothing to judge (the usual case on a node without smartctl)
     for key, field, what in GROWTH_RULES:
         rule: GrowthRule = getattr(ctx.rules, key)
         if not rule.enabled:

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from controller.rules.base import Context, Finding, flagged, growth_only, plural, rate_finding
+from controller.rules.base import (
+    Context,
+    Finding,
+    flagged,
+    growth_only,
+    plural,
+    rate_finding,
+    reads,
+)
 from proto.telemetry import GpuDevice, TelemetryBatch
 
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake"})
 """Throttle reasons that mean the GPU is too hot (not a power cap, not idle)."""
 
 
+@reads("gpu")
 def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
     """Per GPU: corrected ECC errors, PCIe replays, NVLink errors (all links summed)."""
     for gpu in batch.gpu:
@@ -29,6 +38,7 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
             yield _key(gpu, "nvlink_errors"), nvlink
 
 
+@reads("gpu")
 def gpu_ecc_uncorrectable(ctx: Context) -> Iterator[Finding]:
     """Double-bit (uncorrectable) ECC errors since the driver loaded: fatal by default."""
     rule = ctx.rules.gpu_ecc_uncorrectable
@@ -49,6 +59,7 @@ def gpu_ecc_uncorrectable(ctx: Context) -> Iterator[Finding]:
             )
 
 
+@reads("gpu")
 def gpu_row_remap_failure(ctx: Context) -> Iterator[Finding]:
     """A memory row that could not be remapped: the GPU needs service."""
     rule = ctx.rules.gpu_row_remap_failure
@@ -65,6 +76,7 @@ def gpu_row_remap_failure(ctx: Context) -> Iterator[Finding]:
             )
 
 
+@reads("gpu")
 def gpu_reset_pending(ctx: Context) -> Iterator[Finding]:
     """A row remap or page retirement that takes effect at the next GPU reset."""
     rule = ctx.rules.gpu_reset_pending
@@ -89,6 +101,7 @@ def gpu_reset_pending(ctx: Context) -> Iterator[Finding]:
             )
 
 
+@reads("gpu")
 def gpu_pcie_downgrade(ctx: Context) -> Iterator[Finding]:
     """A GPU's PCIe link narrower than its maximum, or slower while busy."""
     rule = ctx.rules.gpu_pcie_downgrade
@@ -108,6 +121,7 @@ def gpu_pcie_downgrade(ctx: Context) -> Iterator[Finding]:
             )
 
 
+@reads("gpu")
 def gpu_thermal_slowdown(ctx: Context) -> Iterator[Finding]:
     """Clocks held down because the GPU is too hot."""
     rule = ctx.rules.gpu_thermal_slowdown

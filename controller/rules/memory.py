@@ -11,10 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from controller.rules.base import Context, Finding, flagged, growth_only, plural, rate_finding
+from controller.rules.base import (
+    Context,
+    Finding,
+    flagged,
+    growth_only,
+    plural,
+    rate_finding,
+    reads,
+)
 from proto.telemetry import EdacController, TelemetryBatch
 
 
+@reads("edac")
 def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
     """Correctable-error counters, one per DIMM (or the nearest level reported)."""
     for mc in batch.edac:
@@ -29,6 +38,7 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
             yield key, count
 
 
+@reads("edac")
 def ecc_uncorrectable(ctx: Context) -> Iterator[Finding]:
     """Any uncorrectable ECC error, at any level: fatal by default."""
     rule = ctx.rules.ecc_uncorrectable

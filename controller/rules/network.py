@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from controller.rules.base import Context, Finding, growth_only, rate_finding
+from controller.rules.base import Context, Finding, growth_only, rate_finding, reads
 from controller.scoring_config import RateRule
 from proto.telemetry import NetInterface, TcClassStats, TelemetryBatch
 
 
+@reads("net")
 def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
     """Per interface: errors, drops and pause frames (both directions); per lossless tc
     class: its drops."""

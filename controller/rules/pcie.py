@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Literal
 
-from controller.rules.base import Context, Finding, flagged, growth_only, plural, rate_finding
+from controller.rules.base import (
+    Context,
+    Finding,
+    flagged,
+    growth_only,
+    plural,
+    rate_finding,
+    reads,
+)
 from controller.scoring_config import ThresholdRule
 from proto.telemetry import PcieDevice, TelemetryBatch
 
@@ -13,6 +21,7 @@ TOTAL_PREFIX = "TOTAL_ERR_"
 """The kernel's per-severity totals (``TOTAL_ERR_COR``, ``TOTAL_ERR_FATAL``, ...)."""
 
 
+@reads("pcie")
 def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
     """Per device: correctable AER errors and link retrains."""
     for dev in batch.pcie:
@@ -21,11 +30,13 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
         yield _retrain_key(dev), dev.retrains
 
 
+@reads("pcie")
 def aer_fatal(ctx: Context) -> Iterator[Finding]:
     """Any fatal AER error (``TOTAL_ERR_FATAL`` or a named counter): fatal by default."""
     yield from _uncorrectable(ctx, "aer_fatal", ctx.rules.aer_fatal, "fatal")
 
 
+@reads("pcie")
 def aer_nonfatal(ctx: Context) -> Iterator[Finding]:
     """Any non-fatal uncorrectable AER error: fatal by default."""
     yield from _uncorrectable(ctx, "aer_nonfatal", ctx.rules.aer_nonfatal, "nonfatal")
@@ -80,6 +91,7 @@ def aer_correctable_rate(ctx: Context) -> Iterator[Finding]:
             yield found
 
 
+@reads("pcie")
 def link_downgrade(ctx: Context) -> Iterator[Finding]:
     """A link below its max speed or width: ``link_downgrade`` on accelerators and NICs,
     ``link_downgrade_other`` on the rest (bridges, disks, ...)."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from controller.rules.base import Context, Finding, flagged, growth_only
+from controller.rules.base import Context, Finding, flagged, growth_only, reads
 
 RESET_KEYS_LISTED = 5
 """How many reset counters a counter_reset message names before ``...``."""
 
 
+@reads("collectors", "errors")
 def collector_failed(ctx: Context) -> Iterator[Finding]:
     """A collector whose run failed in this cycle; its other readings may be stale."""
     rule = ctx.rules.collector_failed

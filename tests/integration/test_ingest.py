@@ -9,7 +9,7 @@ import random
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -425,3 +425,67 @@ async def test_start_without_streams_fails_cleanly(nc: Client) -> None:
         await ing.start()
     await ing.stop()
     assert ing.stats().active_nodes == 0
+
+
+# --- the handler's synchronous start (on_batch_now), called from the fetch loop ----------
+
+
+@dataclass
+class InlineRecorder(Recorder):
+    """A Recorder with ``on_batch_now``: ``held`` batches (node, seq) need "I/O" that waits
+    for ``gate``; ``fail`` batches raise once, inline."""
+
+    held: set[tuple[str, int]] = field(default_factory=set)
+    fail: set[tuple[str, int]] = field(default_factory=set)
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    inline: list[tuple[str, int]] = field(default_factory=list)
+
+    def on_batch_now(
+        self, batch: TelemetryBatch, received_ts: float
+    ) -> Callable[[], Awaitable[None]] | None:
+        which = (batch.node.node, batch.seq)
+        if which in self.fail:
+            self.fail.discard(which)
+            raise RuntimeError("handler bug, inline")
+        self.inline.append(which)
+        if which not in self.held:
+            self.batches.append(batch)
+            return None
+
+        async def rest() -> None:
+            await self.gate.wait()
+            self.batches.append(batch)
+
+        return rest
+
+
+async def test_inline_batches_keep_each_nodes_order_behind_one_waiting_for_io(env: Env) -> None:
+    rec = InlineRecorder(held={("n1", 1)})
+    ing = env.ingest(rec)
+    await ing.start()
+    await env.publish_batches([batch(ident(n), seq) for seq in range(1, 6) for n in ("n1", "n2")])
+
+    await wait_until(lambda: len(rec.seqs()["n2"]) == 5, DEADLINE_S, "n2 taken in inline")
+    assert rec.seqs()["n2"] == [1, 2, 3, 4, 5]
+    assert rec.seqs()["n1"] == []  # its first batch waits on I/O; the next four behind it
+    assert ("n1", 2) not in rec.inline  # queued behind, handled by on_batch, not inline
+    rec.gate.set()
+    await wait_until(lambda: len(rec.batches) == 10, DEADLINE_S, "all 10")
+    assert rec.seqs()["n1"] == [1, 2, 3, 4, 5]
+    stats = ing.stats().streams[env.subjects.stream_telemetry]
+    assert (stats.ingested, stats.handler_errors) == (10, 0)
+    await env.wait_fully_acked(ing, env.subjects.stream_telemetry)
+
+
+async def test_an_inline_handler_error_is_redelivered(env: Env) -> None:
+    rec = InlineRecorder(fail={("n1", 3)})
+    ing = env.ingest(rec)
+    await ing.start()
+    await env.publish_batches([batch(ident(n), seq) for seq in range(1, 6) for n in ("n1", "n2")])
+
+    await wait_until(lambda: len(rec.batches) == 10, DEADLINE_S, "10 batches incl. redelivery")
+    assert sorted(rec.seqs()["n1"]) == [1, 2, 3, 4, 5]
+    assert rec.seqs()["n1"][-1] == 3  # naked with a delay, redelivered last
+    assert rec.seqs()["n2"] == [1, 2, 3, 4, 5]
+    assert ing.stats().streams[env.subjects.stream_telemetry].handler_errors == 1
+    await env.wait_fully_acked(ing, env.subjects.stream_telemetry)

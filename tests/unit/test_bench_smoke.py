@@ -111,6 +111,15 @@ def test_ingest_bench_quick_prints_figures() -> None:
     assert all(rate > 0 for rate in rates.values())
     assert re.search(r"^controller/raw = [\d.]+ \(goal >= 0\.7: (met|missed)\)", out, re.M)
     assert "handled per process: [400, 200, 200] (handler errors: 0)" in out
+    steady = {
+        m.group(1): float(m.group(2).replace(",", ""))
+        for line in out.splitlines()
+        if (m := re.match(r"^(\d) controller process(?:es)? \(nodes known\)\s+([\d,]+)\s", line))
+    }
+    assert set(steady) == {"1", "2"}, out
+    assert all(rate > 0 for rate in steady.values())
+    assert re.search(r"^steady controller/raw = [\d.]+ \(goal >= 0\.7: (met|missed)\)", out, re.M)
+    assert "steady handled per process: [400, 200, 200] (handler errors: 0)" in out
     row = re.search(
         r"^\s*(\d+)/(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)$", out, re.M
     )

@@ -1,5 +1,6 @@
 """The steady-node shortcut (controller.decide.steady) decides exactly what a full round
-would: the same record, no event, over random records and observations."""
+would: the same record, no event, over random records and observations; and
+``steady_batch`` (the shortcut taken straight from a batch) is ``steady`` of its input."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import msgspec
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from controller.decide import NodeInput, decide, steady
+from controller.decide import NodeInput, batch_input, decide, steady, steady_batch
 from controller.lifecycle import LifecycleConfig, Observation
+from controller.rules import Finding
+from controller.scoring import Assessment
 from proto.base import NodeIdentity, Reason
 from proto.nodes import NodeRecord
+from proto.telemetry import TelemetryBatch
 
 CFG = LifecycleConfig()
 T0 = 1_800_000_000.0
@@ -82,3 +86,40 @@ def test_it_applies_to_the_common_case_only() -> None:
     assert steady(record, NodeInput(NODE, lower, "b2")) is None  # a score change: a round
     assert steady(record, NodeInput(NODE, dataclasses.replace(obs, seq=1), "b1")) is None
     assert steady(None, item) is None
+
+
+OTHER = Reason(signal="hwmon.temp", value=90.0, rule="temp_high", message="hot")
+assessments = st.builds(
+    Assessment,
+    score=mostly(100.0, 90.0),
+    grade=mostly("HEALTHY", "SUB_HEALTHY", "FAILING"),
+    fatal=mostly(False, True),
+    findings=mostly(
+        (),
+        (Finding(reason=WARN, severity="warning", penalty=10.0),),
+        (Finding(reason=OTHER, severity="warning", penalty=10.0),),
+        tuple(Finding(reason=r, severity="warning", penalty=5.0) for r in (WARN, OTHER)),
+    ),
+)
+batches = st.builds(
+    TelemetryBatch,
+    node=st.just(NODE),
+    seq=mostly(2, 1, 4),
+    ts=mostly(T0 + 5, T0 - 5),
+    interval_s=st.sampled_from([0.0, 5.0, 15.0]),
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    record=st.none() | records,
+    b=batches,
+    assessment=assessments,
+    received=st.sampled_from([T0 + 5, T0 + 600]),
+)
+def test_steady_batch_is_steady_of_the_batch_input(
+    record: NodeRecord | None, b: TelemetryBatch, assessment: Assessment, received: float
+) -> None:
+    shortcut = steady_batch(record, b, assessment, received)
+    event("shortcut" if shortcut else "full round")
+    assert shortcut == steady(record, batch_input(b, assessment, received))

@@ -1,0 +1,129 @@
+"""proto.codec.SectionReuse decodes exactly what proto.codec.decode decodes, fails the
+same way, and hands a sender's unchanged sections back as the very same objects."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.ingest import REUSED_SECTIONS
+from proto.base import NodeIdentity
+from proto.codec import CodecError, SectionReuse, decode, encode
+from proto.telemetry import EdacController, TelemetryBatch
+from tests.unit.scoring_helpers import batch
+from tests.unit.test_scoring_fast_path import node_batches
+
+
+def canonical_error(data: bytes) -> str:
+    with pytest.raises(CodecError) as caught:
+        decode(data, TelemetryBatch)
+    return caught.value.reason
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sequence=st.lists(st.tuples(st.sampled_from(["a", "b"]), node_batches()), max_size=8),
+    repeats=st.lists(st.booleans(), min_size=8, max_size=8),
+)
+def test_it_decodes_what_decode_decodes(
+    sequence: list[tuple[str, TelemetryBatch]], repeats: list[bool]
+) -> None:
+    reuse = SectionReuse(TelemetryBatch, REUSED_SECTIONS)
+    last: dict[str, TelemetryBatch] = {}
+    for (sender, drawn), repeat in zip(sequence, repeats, strict=False):
+        b = drawn
+        if repeat and sender in last:  # the same sections again, a new time and seq
+            b = msgspec.structs.replace(last[sender], ts=drawn.ts + 1, seq=drawn.seq + 1)
+        data = encode(b)
+        got = reuse.decode(sender, data)
+        assert got == decode(data, TelemetryBatch) == b
+        assert type(got) is TelemetryBatch
+        last[sender] = b
+
+
+def test_unchanged_sections_come_back_as_the_same_objects() -> None:
+    reuse = SectionReuse(TelemetryBatch, ("edac", "pcie"))
+    edac = (EdacController(mc=0, ce_count=3),)
+    first = reuse.decode("n1", encode(batch(0.0, 1, edac=edac)))
+    second = reuse.decode("n1", encode(batch(5.0, 2, edac=edac)))
+    assert second.edac is first.edac
+    assert second.pcie is first.pcie
+    assert (second.seq, second.ts) == (2, first.ts + 5.0)
+    other = reuse.decode("n2", encode(batch(5.0, 2, edac=edac)))
+    assert other.edac is not first.edac  # another sender: its own memory
+    changed = reuse.decode("n1", encode(batch(10.0, 3, edac=(EdacController(mc=0),))))
+    assert changed.edac == (EdacController(mc=0),)
+    assert changed.edac is not first.edac
+    assert changed.pcie is first.pcie
+    reuse.forget("n1")
+    again = reuse.decode("n1", encode(batch(15.0, 4, edac=(EdacController(mc=0),))))
+    assert again.edac is not changed.edac
+
+
+def test_absent_fields_take_their_defaults() -> None:
+    minimal = msgspec.msgpack.encode(
+        {
+            "type": "telemetry_batch",
+            "node": {"region": "r", "cluster": "c", "node": "n"},
+            "seq": 1,
+            "ts": 1.0,
+        }
+    )
+    got = SectionReuse(TelemetryBatch, REUSED_SECTIONS).decode("n", minimal)
+    assert got == decode(minimal, TelemetryBatch)
+    assert got.edac == ()
+    assert got.topology is None
+    assert got.v == 1
+
+
+def good() -> bytes:
+    return encode(batch(0.0, 1, edac=(EdacController(mc=0, ce_count=1),)))
+
+
+BAD: list[tuple[str, bytes]] = [
+    ("not msgpack", b"\xc1\xc1"),
+    ("truncated", good()[:-3]),
+    ("another type", encode(NodeIdentity(region="r", cluster="c", node="n"))),
+    ("bad section", good().replace(b"ce_count\x01", b"ce_count\xa1x")),
+    ("negative seq", good().replace(b"seq\x01", b"seq\xff")),
+    (
+        "newer version",
+        msgspec.msgpack.encode(
+            {
+                "type": "telemetry_batch",
+                "v": 9,
+                "node": {"region": "r", "cluster": "c", "node": "n"},
+                "seq": 1,
+                "ts": 1.0,
+            }
+        ),
+    ),
+    (
+        "newer version, unchanged sections",
+        msgspec.msgpack.encode(
+            msgspec.structs.asdict(batch(1.0, 2, edac=(EdacController(mc=0, ce_count=1),)))
+            | {"type": "telemetry_batch", "v": 2}
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "data"), BAD, ids=[c for c, _ in BAD])
+def test_failures_are_decodes_failures(case: str, data: bytes) -> None:
+    reuse = SectionReuse(TelemetryBatch, REUSED_SECTIONS)
+    reuse.decode("n1", good())  # sections known: a bad message must still fail
+    expected = canonical_error(data)
+    with pytest.raises(CodecError) as caught:
+        reuse.decode("n1", data)
+    assert caught.value.reason == expected, case
+
+
+def test_it_refuses_unknown_sections() -> None:
+    with pytest.raises(ValueError, match="no fields"):
+        SectionReuse(TelemetryBatch, ("edac", "nope"))
+
+
+def test_the_reused_sections_are_batch_fields() -> None:
+    assert set(REUSED_SECTIONS) <= set(TelemetryBatch.__struct_fields__)
