@@ -361,6 +361,8 @@ def _advance_move(status: JobStatus, move: JobMove, world: World) -> Step:
         return Step(step.status, step.sends, (stopped, *step.emits))
     if move.phase == "starting":
         return _starting(status, move, world)
+    if status.cancel_requested:  # placing: nothing runs any more, nothing to stop
+        return _end(status, "cancelled", now, "cancelled by request while waiting to be placed")
     return Step(status)  # placing: the queue pass
 
 

@@ -60,10 +60,13 @@ def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Trans
     if _is_replay(record, obs):
         return Transition(record)
     base = _absorb(record, obs, cfg)
+    deserved = obs.deserved
+    if deserved != "HEALTHY" and obs.sent_ts is not None:
+        newest_bad = max(obs.sent_ts, record.bad_sent_ts or obs.sent_ts)
+        base = replace(base, bad_sent_ts=newest_bad)
     if record.held or record.maintenance:
         return Transition(base)  # pinned to FAILING / MAINTENANCE until an uncordon
     was = _grade_before_silence(record)
-    deserved = obs.deserved
     if deserved == "FAILING":
         if was == "FAILING":
             return Transition(replace(base, clean_cycles=0))
@@ -83,6 +86,10 @@ def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Trans
         )
     if was not in BAD_GRADES and not record.rail_flagged:
         return change_grade(base, "HEALTHY", obs.ts, cfg, obs.reasons, "telemetry resumed, healthy")
+    if _collected_before_the_bad(record, obs):
+        # A clean batch older than the evidence against the node (delivered late, e.g.
+        # from the agent's spool after an outage): alive, but no clean cycle.
+        return Transition(replace(base, score=record.score, reasons=record.reasons))
     cycles = record.clean_cycles + 1
     if cycles < cfg.clean_cycles_to_recover:
         message = f"telemetry resumed; {cycles} clean assessment(s), still {was}"
@@ -104,6 +111,15 @@ def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Trans
         (reason,),
         f"{cycles} consecutive clean assessments: back in service",
         action="release" if record.grade in OUT_OF_SERVICE else None,
+    )
+
+
+def _collected_before_the_bad(record: NodeRecord, obs: Observation) -> bool:
+    """Whether a clean assessment was collected no later than the newest bad one."""
+    return (
+        obs.sent_ts is not None
+        and record.bad_sent_ts is not None
+        and obs.sent_ts <= record.bad_sent_ts
     )
 
 

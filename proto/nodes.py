@@ -63,6 +63,10 @@ class NodeRecord(Message, frozen=True, tag="node_record"):
     """The node's own time stamp of that batch (tells a replay from a reset ``seq``)."""
     last_seq: NonNegInt = 0
     interval_s: float = 0.0
+    bad_sent_ts: float | None = None
+    """The node's own time stamp of the newest assessment that was not clean: a clean
+    batch collected before it (spooled while the node was cut off, delivered after a
+    fatal event) is no clean cycle."""
     history: tuple[GradeChange, ...] = ()
     """The most recent grade changes, oldest first (bounded)."""
     updated_ts: float = 0.0

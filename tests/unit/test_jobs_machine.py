@@ -231,6 +231,25 @@ def test_cancel_of_a_running_job_stops_it() -> None:
     assert "job.cancelled" in kinds(step)
 
 
+def test_cancel_of_a_job_waiting_to_be_placed_again_ends_it() -> None:
+    """A move stopped the members and waits for the queue pass (no room): a cancel then
+    ends the job at once (the queue pass skips a job with a cancel requested)."""
+    bad = HEALTHY | {"r.c.n2": "FAILING"}
+    step = m.advance(running(), world(T0 + 6, bad))
+    replies = answer_all(step, step=1, path="/ck/ckpt-1")
+    step = m.advance(step.status, m.World(T0 + 7, bad, replies, timings=TIMINGS))
+    replies |= answer_all(step)
+    step = m.advance(step.status, m.World(T0 + 8, bad, replies, timings=TIMINGS))
+    assert step.status.move is not None
+    assert step.status.move.phase == "placing"
+    waiting = m.request_cancel(step.status, T0 + 9)
+    assert not m.needs_placement(waiting)
+    ended = m.advance(waiting, m.World(T0 + 9, bad, replies, timings=TIMINGS))
+    assert ended.status.state == "cancelled"
+    assert ended.status.move is None
+    assert "job.cancelled" in kinds(ended)
+
+
 @pytest.mark.parametrize(
     ("raw", "reasons"),
     [

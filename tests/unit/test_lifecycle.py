@@ -390,6 +390,46 @@ def test_an_agent_that_lost_its_seq_is_heard() -> None:
     assert t.record.last_seq == 1
 
 
+@pytest.mark.parametrize(
+    ("bad", "late_clean_sent", "grade_after_late", "fresh_clean_to_return"),
+    [
+        ("X", (98.0, 99.0, 100.0), "FAILING", 3),  # spooled before a fatal event
+        ("F", (98.0, 99.0), "FAILING", 3),
+        ("S", (98.0, 99.0, 100.0), "SUB_HEALTHY", 3),
+    ],
+)
+def test_clean_batches_collected_before_the_evidence_are_no_clean_cycles(
+    bad: str, late_clean_sent: tuple[float, ...], grade_after_late: str, fresh_clean_to_return: int
+) -> None:
+    """A node found bad at its time 100 (an event, or a batch) is not returned to service
+    by clean batches it collected before that (its spool, delivered late with higher
+    ``seq``s); clean batches collected after it count as usual."""
+    rec = Run(fresh(running_jobs=1)).run(["H"] * 3).record
+    seq = rec.last_seq
+    t = observe(rec, dataclasses.replace(obs(bad, 1_000.0, seq + 1), sent_ts=100.0), CFG)
+    rec = t.record
+    assert rec.grade == grade_after_late
+    assert rec.bad_sent_ts == 100.0
+    seq = rec.last_seq
+    for i, sent in enumerate(late_clean_sent):
+        seq += 1
+        t = observe(rec, dataclasses.replace(obs("H", 1_001.0 + i, seq), sent_ts=sent), CFG)
+        assert t.decisions == (), sent
+        assert t.record.grade == grade_after_late
+        assert t.record.clean_cycles == 0
+        assert t.record.score == rec.score  # the evidence stands
+        assert t.record.last_seen_ts == 1_001.0 + i  # but the node is alive
+        rec = t.record
+    kinds: list[str] = []
+    for i in range(fresh_clean_to_return):
+        seq += 1
+        t = observe(rec, dataclasses.replace(obs("H", 1_100.0 + i, seq), sent_ts=101.0 + i), CFG)
+        kinds += [d.kind for d in t.decisions]
+        rec = t.record
+    assert rec.grade == "HEALTHY"
+    assert "node.returned" in kinds
+
+
 # --- properties -----------------------------------------------------------------------
 
 
