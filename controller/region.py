@@ -117,6 +117,9 @@ class RegionController:
         """Each node's scoring memo (reuse of unchanged sections' rule outputs)."""
         self._locks: dict[ClusterKey, asyncio.Lock] = {}
         self._flush_lock = asyncio.Lock()
+        self._in_flight: set[str] = set()
+        """Event ids a round is publishing itself: the outbox flush leaves them to it (else a
+        core subscriber could see one event twice; the control stream drops the copy anyway)."""
         self._silence_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.topology = topology or TopologyView()
@@ -324,7 +327,8 @@ class RegionController:
             return len(self.store.outbox)
         async with self._flush_lock:
             for event in sorted(self.store.outbox.values(), key=lambda e: (e.ts, e.event_id)):
-                await self._publish(event)
+                if event.event_id not in self._in_flight:  # its round publishes it
+                    await self._publish(event)
             return len(self.store.outbox)
 
     # --- internals ------------------------------------------------------------------------
@@ -349,28 +353,35 @@ class RegionController:
         if not self._leading():
             return ()
         published: list[str] = []
-        async with self._lock((node.region, node.cluster)):
-            for attempt in range(CONFLICT_RETRIES + 1):
-                outcome = round_()
-                try:
-                    await self._persist(outcome)
-                except StoreConflictError as exc:
+        owned: set[str] = set()
+        try:
+            async with self._lock((node.region, node.cluster)):
+                for attempt in range(CONFLICT_RETRIES + 1):
+                    outcome = round_()
+                    owned = {event.event_id for event in outcome.events}
+                    self._in_flight |= owned
+                    try:
+                        await self._persist(outcome)
+                    except StoreConflictError as exc:
+                        for event in outcome.events:
+                            await self.store.remove_pending(event.event_id)
+                        self._in_flight -= owned
+                        if attempt == CONFLICT_RETRIES:
+                            raise
+                        log.warning("%s; deciding again", exc)
+                        continue
                     for event in outcome.events:
-                        await self.store.remove_pending(event.event_id)
-                    if attempt == CONFLICT_RETRIES:
-                        raise
-                    log.warning("%s; deciding again", exc)
-                    continue
-                for event in outcome.events:
-                    if await self._publish(event, drop=False):
-                        self.metrics.observe(event.kind, self._clock() - received_ts)
-                        published.append(event.event_id)
-                break
-        # Out of the lock: the cluster's next round need not wait for these deletes (an
-        # entry left by a crash here is published again at start, a duplicate the
-        # control stream drops).
-        for event_id in published:
-            await self.store.remove_pending(event_id)
+                        if await self._publish(event, drop=False):
+                            self.metrics.observe(event.kind, self._clock() - received_ts)
+                            published.append(event.event_id)
+                    break
+            # Out of the lock: the cluster's next round need not wait for these deletes
+            # (an entry left by a crash here is published again at start, a duplicate
+            # the control stream drops).
+            for event_id in published:
+                await self.store.remove_pending(event_id)
+        finally:
+            self._in_flight -= owned
         return outcome.events
 
     def _decide_silence(self, records: Mapping[str, NodeRecord], now: float) -> Outcome:

@@ -178,8 +178,8 @@ async def test_a_job_on_a_node_failing_during_the_takeover_moves_exactly_once(
             e for e in events if e.kind == "node.isolated" and e.node and e.node.node == failed_node
         ]
         rescheduled = [e for e in events if e.kind == "job.rescheduled" and e.job_id == "ha-gang"]
-        assert len(isolated) == 1, isolated
-        assert len(rescheduled) == 1, rescheduled
+        assert len(isolated) == 1, [(e.event_id, e.ts, e.message, e.attributes) for e in isolated]
+        assert len(rescheduled) == 1, [(e.event_id, e.ts, e.message) for e in rescheduled]
     finally:
         await fleet.stop()
         for proc in procs.values():
