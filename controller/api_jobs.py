@@ -119,9 +119,7 @@ async def cancel(request: web.Request) -> web.Response:
             raise ApiError(503, "not_leader", str(exc)) from None
         if remote is None:
             raise ApiError(404, "not_found", f"no job {job_id!r} in any region that answers")
-        found = await view.find(job_id)
-        region = found[0] if found is not None else ""
-        return web.json_response(detail(remote) | {"region": region}, status=202)
+        return web.json_response(_located(request, remote), status=202)
     status = _lookup(request)
     try:
         cancelled = await view.cancel(status.job_id)

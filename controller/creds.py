@@ -223,23 +223,8 @@ def render_federation(regions: dict[str, CredsState]) -> str:
     ]
     for region in sorted(regions):
         state = regions[region]
-        exports = [
-            f"{{ stream: {_q(f'{prefix}.fed.summary.{region}')} }}",
-            f"{{ service: {_q(f'{prefix}.fed.lookup.{region}')} }}",
-            f"{{ service: {_q(f'{prefix}.fed.submit.{region}')} }}",
-        ]
-        imports = []
-        for other in sorted(regions):
-            if other != region:
-                acc = account_of(other)
-                imports += [
-                    f"{{ stream: {{ account: {acc}, subject: "
-                    f"{_q(f'{prefix}.fed.summary.{other}')} }} }}",
-                    f"{{ service: {{ account: {acc}, subject: "
-                    f"{_q(f'{prefix}.fed.lookup.{other}')} }} }}",
-                    f"{{ service: {{ account: {acc}, subject: "
-                    f"{_q(f'{prefix}.fed.submit.{other}')} }} }}",
-                ]
+        exports = federation_exports(prefix, region)
+        imports = federation_imports(prefix, region, regions)
         lines += [
             f"  {account_of(region)}: {{",
             "    jetstream: enabled",
@@ -256,6 +241,33 @@ def render_federation(regions: dict[str, CredsState]) -> str:
         ]
     lines += [f"  {SYSTEM_ACCOUNT}: {{ }}", "}", f"system_account: {SYSTEM_ACCOUNT}", ""]
     return "\n".join(lines)
+
+
+def _federation_subjects(prefix: str, region: str) -> tuple[tuple[str, str], ...]:
+    """(export kind, subject) of what a region shares: its summaries, lookups and
+    forwarded jobs."""
+    s = Subjects(prefix)
+    return (
+        ("stream", s.fed_summary(region)),
+        ("service", s.fed_lookup(region)),
+        ("service", s.fed_submit(region)),
+    )
+
+
+def federation_exports(prefix: str, region: str) -> list[str]:
+    """A region account's ``exports`` entries (pure)."""
+    shared = _federation_subjects(prefix, region)
+    return [f"{{ {kind}: {_q(subject)} }}" for kind, subject in shared]
+
+
+def federation_imports(prefix: str, region: str, regions: Iterable[str]) -> list[str]:
+    """A region account's ``imports`` entries: what every other region exports (pure)."""
+    return [
+        f"{{ {kind}: {{ account: {account_of(other)}, subject: {_q(subject)} }} }}"
+        for other in sorted(regions)
+        if other != region
+        for kind, subject in _federation_subjects(prefix, other)
+    ]
 
 
 def _user_lines(state: CredsState, indent: str) -> list[str]:

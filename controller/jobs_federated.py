@@ -42,7 +42,8 @@ class FederatedJobs:
         self._leading = leading
         self._clock = clock
         self.forwarded: dict[str, str] = {}
-        """Job id -> region, for the jobs this controller forwarded (this run)."""
+        """Job id -> region, for the jobs of other regions this controller forwarded or
+        cancelled (this run): where the API says they are."""
         federation.job_of = lambda job_id: manager.jobs.get(job_id)
         federation.accept = self.accept
         federation.every_interval = self.retry_pass
@@ -120,7 +121,10 @@ class FederatedJobs:
         reply = await self.federation.cancel_remote(found.region, job_id)
         if reply.error == "not_leader":
             raise NotLeaderError(f"{found.region} has no leader right now; try again")
-        return reply.status if reply.ok else None
+        if not reply.ok:
+            return None
+        self.forwarded[job_id] = found.region
+        return reply.status
 
     async def find(self, job_id: str) -> tuple[str, JobStatus] | None:
         """(region, status) of job ``job_id`` from any region that answers; None: unknown."""

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,6 @@ from controller.state import NodeStore
 from controller.streams import ensure_streams
 from controller.topology import TopologyView
 from proto.access import tls_context
-from proto.nodes import NodeRecord
 from proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
@@ -135,28 +133,13 @@ async def start_leadership(
     )
 
 
-class LiveRecords:
-    """The controller's node records as they are now: its store is replaced when it
-    takes the lease (:func:`reload_on_election`), so holders of records read through
-    this instead of keeping the store they were given."""
-
-    def __init__(self, controller: RegionController) -> None:
-        self._controller = controller
-
-    @property
-    def records(self) -> Mapping[str, NodeRecord]:
-        """Every node's record, by handle."""
-        return self._controller.store.records
-
-
-def reload_on_election(
-    leadership: Leadership, js: JetStreamContext, subjects: Subjects, controller: RegionController
-) -> None:
+def reload_on_election(leadership: Leadership, controller: RegionController) -> None:
     """On taking the lease, the controller reloads its records from KV (the previous
-    leader's decisions) before it may act."""
+    leader's decisions) before it may act; in place, so the job manager and the
+    federation, which hold the same store, see them too."""
 
     async def reload() -> None:
-        controller.store = await NodeStore.open(js, subjects)
+        await controller.store.reload()
 
     leadership.on_elected = reload
 
@@ -239,12 +222,12 @@ async def _serve(
         owns=settings.owns,
         topology=TopologyView(cfg.topology),
     )
-    reload_on_election(leadership, js, subjects, controller)
+    reload_on_election(leadership, controller)
     jobs = JobManager(  # docs/jobs.md
         nc,
         js,
         job_store,
-        LiveRecords(controller),
+        store,
         subjects,
         cfg.region,
         fleet=controller.topology.fleet,

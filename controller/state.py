@@ -104,6 +104,16 @@ class NodeStore:
         await store.load()
         return store
 
+    async def reload(self) -> None:
+        """Replace the whole cache with what KV holds now (a controller taking the lease),
+        in place: whoever holds this store sees the new state, and readers never see a
+        half-loaded one (the fresh state is read aside, then taken over at once)."""
+        fresh = NodeStore(self._kv)
+        await fresh.load()
+        self._revisions, self.records, self.rails = fresh._revisions, fresh.records, fresh.rails
+        self.outbox, self._sizes, self.signals = fresh.outbox, fresh._sizes, fresh.signals
+        self._unwritten = fresh._unwritten
+
     async def load(self) -> None:
         """Read every key of the bucket into the cache (at start)."""
         for key in await bucket_keys(self._kv):  # not kv.keys(): it can miss (kv_keys.py)

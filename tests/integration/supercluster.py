@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controller.creds import account_of, federation_exports, federation_imports
 from controller.natsserver import NatsServer
 
 PASSWORD = "region-pw"
@@ -64,31 +65,14 @@ class RegionServer:
             self.server = None
 
 
-def account_name(region: str) -> str:
-    return region.upper()
-
-
 def accounts_block(regions: list[str], prefix: str) -> str:
     """Every region's account: its user, JetStream, its exports and the others' imports."""
     out = []
     for region in regions:
-        exports = [
-            f'{{stream: "{prefix}.fed.summary.{region}"}}',
-            f'{{service: "{prefix}.fed.lookup.{region}"}}',
-            f'{{service: "{prefix}.fed.submit.{region}"}}',
-        ]
-        imports = []
-        for other in regions:
-            if other == region:
-                continue
-            acc = account_name(other)
-            imports += [
-                f'{{stream: {{account: {acc}, subject: "{prefix}.fed.summary.{other}"}}}}',
-                f'{{service: {{account: {acc}, subject: "{prefix}.fed.lookup.{other}"}}}}',
-                f'{{service: {{account: {acc}, subject: "{prefix}.fed.submit.{other}"}}}}',
-            ]
+        exports = federation_exports(prefix, region)
+        imports = federation_imports(prefix, region, regions)
         out.append(
-            f"  {account_name(region)}: {{\n"
+            f"  {account_of(region)}: {{\n"
             "    jetstream: enabled\n"
             f'    users: [ {{user: "{region}", password: "{PASSWORD}"}} ]\n'
             f"    exports: [ {', '.join(exports)} ]\n"

@@ -71,7 +71,7 @@ async def start_controller(url: str, subjects: Subjects, instance: str) -> Ctl:
         kv, "r1", instance, renew_s=RENEW_S, poll_s=POLL_S, margin_s=MARGIN_S
     )
     controller = RegionController(js, store, subjects, "r1", LIFECYCLE, leading=leadership.leading)
-    reload_on_election(leadership, js, subjects, controller)
+    reload_on_election(leadership, controller)
     ingest = start_ingest(js, subjects, "r1", controller, instance)
     await leadership.start()
     await controller.start(silence_interval_s=INTERVAL_S)

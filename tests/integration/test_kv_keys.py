@@ -8,7 +8,10 @@ from nats.aio.client import Client
 
 from controller.jobs_store import JobStore
 from controller.kv_keys import bucket_keys
+from controller.state import NodeStore, handle_of
+from proto.base import NodeIdentity
 from proto.jobs import JobStatus
+from proto.nodes import NodeRecord
 from proto.subjects import Subjects
 
 WRITES = 200
@@ -39,3 +42,18 @@ async def test_a_store_loads_every_job_right_after_it_was_written(
     reader = await JobStore.open(js, subjects)
     assert "job-3" not in reader.jobs
     assert len(reader.jobs) == 49
+
+
+async def test_a_store_reloads_in_place(nc: Client, subjects: Subjects) -> None:
+    """What a controller taking the lease does: the same store object (held by the job
+    manager and the federation too) then shows what another controller wrote."""
+    js = nc.jetstream(timeout=5)
+    mine = await NodeStore.open(js, subjects)
+    held = mine.records  # e.g. by a reader that kept the mapping
+    other = await NodeStore.open(js, subjects)
+    node = NodeIdentity(region="r1", cluster="c1", node="n1")
+    await other.put_record(NodeRecord(node=node, grade="FAILING"))
+    assert mine.records == {}
+    await mine.reload()
+    assert mine.records[handle_of(node)].grade == "FAILING"
+    assert held == {}  # a new mapping was taken over, not filled in while readers looked
