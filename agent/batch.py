@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.collection import CycleResult
-from proto.base import NodeIdentity
-from proto.telemetry import QosInterfaceStatus, TelemetryBatch
-from proto.topology import NodeTopology
+from metalguard.agent.collection import CycleResult
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
+from metalguard.proto.topology import NodeTopology
 
 
 def build_batch(

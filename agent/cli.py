@@ -51,13 +51,13 @@ def add_agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _run(args: argparse.Namespace) -> int:
-    from agent.service import main_run
+    from metalguard.agent.service import main_run
 
     return main_run(args.config)
 
 
 def _collect(args: argparse.Namespace) -> int:
-    from agent.oneshot import main_collect
+    from metalguard.agent.oneshot import main_collect
 
     return main_collect(
         config_path=args.config,
@@ -70,7 +70,7 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _qos_apply(args: argparse.Namespace) -> int:
-    from agent.qos.oneshot import main_apply
+    from metalguard.agent.qos.oneshot import main_apply
 
     return main_apply(
         profile_path=args.profile,

@@ -13,8 +13,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from agent.collectors import load_builtin
-from agent.collectors.base import (
+from metalguard.agent.collectors import load_builtin
+from metalguard.agent.collectors.base import (
     REGISTRY,
     BatchField,
     Clock,
@@ -23,7 +23,7 @@ from agent.collectors.base import (
     CollectorSettings,
     run_guarded,
 )
-from proto.telemetry import CollectorError, CollectorRun
+from metalguard.proto.telemetry import CollectorError, CollectorRun
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from typing import Annotated, Any
 
 import msgspec
 
-from agent.bmc.targets import BmcTarget
-from proto.access import ConfigSection, NatsAccess, Seconds
-from proto.base import NonNegInt, Token
-from proto.documents import DocumentError, decode_toml, read_text
-from proto.topology import NodeTopology
+from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
+from metalguard.proto.base import NonNegInt, Token
+from metalguard.proto.documents import DocumentError, decode_toml, read_text
+from metalguard.proto.topology import NodeTopology
 
 MIB = 1024 * 1024
 

@@ -24,8 +24,8 @@ import nats.errors
 from nats.aio.client import Client, Server
 from nats.js import JetStreamContext
 
-from agent.backoff import Backoff, Sleep, guarded_task
-from proto.access import tls_context as proto_tls_context
+from metalguard.agent.backoff import Backoff, Sleep, guarded_task
+from metalguard.proto.access import tls_context as proto_tls_context
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from proto.base import AttrValue
-from proto.events import NodeEvent
-from proto.telemetry import EdacController, GpuDevice, PcieDevice, SmartDevice, TelemetryBatch
+from metalguard.proto.base import AttrValue
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.telemetry import (
+    EdacController,
+    GpuDevice,
+    PcieDevice,
+    SmartDevice,
+    TelemetryBatch,
+)
 
 
 def detect_events(

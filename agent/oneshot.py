@@ -14,13 +14,13 @@ from typing import TextIO
 
 import msgspec
 
-from agent.batch import build_batch
-from agent.collection import Collection, UnknownCollectorError, resolve_enabled
-from agent.config import AgentConfig, ConfigError, load_config
-from agent.render import render_text
-from agent.settings import collector_settings, node_identity
-from proto.codec import encode_json
-from proto.telemetry import TelemetryBatch
+from metalguard.agent.batch import build_batch
+from metalguard.agent.collection import Collection, UnknownCollectorError, resolve_enabled
+from metalguard.agent.config import AgentConfig, ConfigError, load_config
+from metalguard.agent.render import render_text
+from metalguard.agent.settings import collector_settings, node_identity
+from metalguard.proto.codec import encode_json
+from metalguard.proto.telemetry import TelemetryBatch
 
 
 def _with_overrides(
@@ -63,7 +63,7 @@ async def collect_once(config: AgentConfig, names: list[str]) -> TelemetryBatch:
         topology=config.node.topology(),
     )
     if config.bmc:  # [[bmc]] targets: their readings join the top-level `bmc` list
-        from agent.bmc.proxy import read_targets
+        from metalguard.agent.bmc.proxy import read_targets
 
         readings = await read_targets(config.bmc, config.bmc_proxy.concurrency)
         batch = msgspec.structs.replace(batch, bmc=(*batch.bmc, *readings), ts=time.time())

@@ -33,14 +33,14 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import PubAck
 
-from agent.backoff import Backoff, Sleep, guarded_task
-from agent.config import NatsSection
-from agent.connection import ClientFactory, Connection, NatsSettings
-from agent.spool import Spool, SpoolEntry
-from proto.codec import encode
-from proto.events import NodeEvent
-from proto.subjects import DEFAULT_SUBJECTS, SubjectError, Subjects
-from proto.telemetry import TelemetryBatch
+from metalguard.agent.backoff import Backoff, Sleep, guarded_task
+from metalguard.agent.config import NatsSection
+from metalguard.agent.connection import ClientFactory, Connection, NatsSettings
+from metalguard.agent.spool import Spool, SpoolEntry
+from metalguard.proto.codec import encode
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.subjects import DEFAULT_SUBJECTS, SubjectError, Subjects
+from metalguard.proto.telemetry import TelemetryBatch
 
 log = logging.getLogger(__name__)
 

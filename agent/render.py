@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proto.telemetry import TelemetryBatch
+from metalguard.proto.telemetry import TelemetryBatch
 
 
 def _n(value: object) -> str:

@@ -22,24 +22,24 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
 
-from agent.batch import build_batch
-from agent.collection import Collection, UnknownCollectorError, resolve_enabled
-from agent.config import AgentConfig, ConfigError, load_config
-from agent.events import detect_events
-from agent.publisher import Publisher, publisher_settings
-from agent.sdnotify import notify, watchdog_interval_s
-from agent.seqstore import SeqStore
-from agent.settings import collector_settings, node_identity
-from agent.spool import Spool, SpoolError
+from metalguard.agent.batch import build_batch
+from metalguard.agent.collection import Collection, UnknownCollectorError, resolve_enabled
+from metalguard.agent.config import AgentConfig, ConfigError, load_config
+from metalguard.agent.events import detect_events
+from metalguard.agent.publisher import Publisher, publisher_settings
+from metalguard.agent.sdnotify import notify, watchdog_interval_s
+from metalguard.agent.seqstore import SeqStore
+from metalguard.agent.settings import collector_settings, node_identity
+from metalguard.agent.spool import Spool, SpoolError
 
 if TYPE_CHECKING:
-    from agent.bmc.proxy import ProxyService
-    from agent.qos.reconciler import QosReconciler
-    from agent.workload.service import WorkloadService
-from proto.base import NodeIdentity
-from proto.events import NodeEvent
-from proto.subjects import Subjects
-from proto.telemetry import QosInterfaceStatus, TelemetryBatch
+    from metalguard.agent.bmc.proxy import ProxyService
+    from metalguard.agent.qos.reconciler import QosReconciler
+    from metalguard.agent.workload.service import WorkloadService
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class AgentService:
         ``[workload]`` changes take effect at restart."""
         if not self.config.workload.enabled:
             return []
-        from agent.workload.service import WorkloadService
+        from metalguard.agent.workload.service import WorkloadService
 
         workload = WorkloadService(
             self.config.workload,
@@ -240,7 +240,7 @@ class AgentService:
         """With ``[[bmc]]`` targets, poll them and publish for their nodes (out of band)."""
         if not self.config.bmc:
             return
-        from agent.bmc.proxy import ProxyService
+        from metalguard.agent.bmc.proxy import ProxyService
 
         self._bmc_proxy = ProxyService(self.config, self.identity.node)
         await self._bmc_proxy.start()
@@ -257,7 +257,7 @@ class AgentService:
         events = self.config.events
         tasks: list[asyncio.Task[None]] = []
         if events.udev_on(self.config.collect):
-            from agent.collectors.udev import UdevMonitor
+            from metalguard.agent.collectors.udev import UdevMonitor
 
             monitor = UdevMonitor(
                 lambda: self.identity, subsystems=events.udev_subsystems, clock=self._wall
@@ -265,7 +265,7 @@ class AgentService:
             monitor.open()
             tasks.append(self._guarded(monitor.run(self._emit), "udev"))
         if events.gpu_xid and "gpu" in self.collection.names:
-            from agent.collectors.gpu import XidWatcher
+            from metalguard.agent.collectors.gpu import XidWatcher
 
             watcher = XidWatcher(lambda: self.identity, clock=self._wall)
             tasks.append(self._guarded(watcher.run(self._emit), "gpu-xid"))
@@ -306,9 +306,9 @@ class AgentService:
         qos = self.config.qos
         if not qos.enabled:
             return []
-        from agent.qos.apply import QosTarget
-        from agent.qos.reconciler import QosReconciler
-        from agent.qos.watch import ProfileWatcher
+        from metalguard.agent.qos.apply import QosTarget
+        from metalguard.agent.qos.reconciler import QosReconciler
+        from metalguard.agent.qos.watch import ProfileWatcher
 
         reconciler = self._qos_reconciler = QosReconciler(
             self.identity,

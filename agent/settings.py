@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.collectors.base import CollectorSettings
-from agent.config import AgentConfig
-from agent.identity import default_node_name, read_node_uuid, token_from_hostname
-from proto.base import NodeIdentity
+from metalguard.agent.collectors.base import CollectorSettings
+from metalguard.agent.config import AgentConfig
+from metalguard.agent.identity import default_node_name, read_node_uuid, token_from_hostname
+from metalguard.proto.base import NodeIdentity
 
 
 def node_identity(config: AgentConfig) -> NodeIdentity:

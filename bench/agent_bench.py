@@ -32,9 +32,9 @@ SMART_DIR = ROOT / "tests" / "fixtures" / "smartctl"
 
 _CHILD = r"""
 import asyncio, json, resource, sys, time
-import agent.service  # everything the real agent imports (publisher, nats, msgspec, ...)
-from agent.collection import Collection
-from agent.collectors.base import CollectorSettings
+import metalguard.agent.service  # everything the real agent imports (publisher, nats, msgspec, ...)
+from metalguard.agent.collection import Collection
+from metalguard.agent.collectors.base import CollectorSettings
 from pathlib import Path
 
 cycles, sysfs, names = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].split(",")

@@ -35,11 +35,11 @@ from pathlib import Path
 import nats
 from nats.aio.msg import Msg
 
-from controller.natsserver import NatsServer
-from controller.streams import ensure_streams
-from proto.codec import decode
-from proto.subjects import Subjects
-from proto.telemetry import TelemetryBatch
+from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.state.streams import ensure_streams
+from metalguard.proto.codec import decode
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import TelemetryBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 DATASET = ROOT / "tests" / "fixtures" / "snmp" / "entity-sensor-bmc.snmprec"
@@ -66,7 +66,7 @@ def memory_mib(pid: int) -> tuple[float, float]:
 
 async def serve(count: int) -> None:
     """The simulated BMCs: ``count`` communities ``bmc0..`` on one port until stdin closes."""
-    from agent.bmc.snmp_responder import SnmpResponder, load_snmprec
+    from metalguard.agent.bmc.snmp_responder import SnmpResponder, load_snmprec
 
     records = load_snmprec(DATASET)
     sim = SnmpResponder()

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import nats
 
-from agent.sim.fleet import SimFleet
-from controller.natsserver import NatsServer
-from controller.streams import ensure_streams
-from proto.subjects import Subjects
+from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.state.streams import ensure_streams
+from metalguard.demo.sim.fleet import SimFleet
+from metalguard.proto.subjects import Subjects
 
 
 async def _stored(js: nats.js.JetStreamContext, subjects: Subjects) -> int:

@@ -58,17 +58,17 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from controller.ingest import Ingest
-from controller.ingest_settings import IngestSettings, StreamKind, durable_name, tune_gc
-from controller.natsserver import NatsServer, find_nats_server
-from controller.region import RegionController
-from controller.state import NodeStore
-from controller.streams import ensure_streams
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.events import ControllerEvent
-from proto.subjects import Subjects
-from proto.telemetry import (
+from metalguard.controller.ingest.consumer import Ingest
+from metalguard.controller.ingest.settings import IngestSettings, StreamKind, durable_name, tune_gc
+from metalguard.controller.natsserver import NatsServer, find_nats_server
+from metalguard.controller.region import RegionController
+from metalguard.controller.state.store import NodeStore
+from metalguard.controller.state.streams import ensure_streams
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import (
     AerCounters,
     CollectorRun,
     EdacController,

@@ -29,9 +29,9 @@ from typing import Any
 
 import msgspec
 
-from proto.base import NodeIdentity
-from proto.codec import decode, decode_json, encode, encode_json, to_builtins
-from proto.telemetry import (
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, decode_json, encode, encode_json, to_builtins
+from metalguard.proto.telemetry import (
     AerCounters,
     CollectorRun,
     EdacController,

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from controller.scheduler import (
+from metalguard.controller.jobs.scheduler import (
     FleetIndex,
     FleetNode,
     JobRequest,

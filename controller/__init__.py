@@ -1,3 +1,1 @@
-"""The metalguard region controller, and the CLI's composition root."""
-
-__version__ = "0.1.0"
+"""The metalguard region controller (docs/controller.md)."""

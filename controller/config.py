@@ -12,17 +12,17 @@ from typing import Annotated
 
 import msgspec
 
-from controller.lifecycle import LifecycleConfig
-from controller.scoring_config import (
+from metalguard.controller.core.lifecycle import LifecycleConfig
+from metalguard.controller.core.scoring.config import (
     DEFAULT_SCORING,
     ScoringConfig,
     ScoringConfigError,
     load_scoring_config,
 )
-from controller.topology import TopologySection
-from proto.access import ConfigSection, NatsAccess, Seconds
-from proto.base import Token
-from proto.documents import DocumentError, decode_toml, read_text
+from metalguard.controller.core.topology import TopologySection
+from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
+from metalguard.proto.base import Token
+from metalguard.proto.documents import DocumentError, decode_toml, read_text
 
 
 class ConfigError(DocumentError):

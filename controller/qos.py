@@ -15,9 +15,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
 
-from proto.codec import CodecError, decode, encode
-from proto.qos import QosProfile
-from proto.subjects import Subjects, check_token
+from metalguard.proto.codec import CodecError, decode, encode
+from metalguard.proto.qos import QosProfile
+from metalguard.proto.subjects import Subjects, check_token
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import msgspec
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
-from controller.decide import (
+from metalguard.controller.core.decide import (
     NodeInput,
     Outcome,
     batch_input,
@@ -38,19 +38,19 @@ from controller.decide import (
     event_input,
     steady_batch,
 )
-from controller.decision_metrics import DecisionMetrics
-from controller.lifecycle import LifecycleConfig, OperatorAction
-from controller.out_of_band import BmcWord, with_bmc
-from controller.scoring import Assessment, NodeSignals, ScoringMemo, assess
-from controller.scoring_config import DEFAULT_SCORING, ScoringConfig
-from controller.state import ClusterKey, NodeStore, StoreConflictError, handle_of
-from controller.topology import TopologyView
-from proto.base import NodeIdentity
-from proto.codec import encode
-from proto.events import ControllerEvent, NodeEvent
-from proto.nodes import NodeRecord
-from proto.subjects import Subjects
-from proto.telemetry import QosInterfaceStatus, TelemetryBatch
+from metalguard.controller.core.lifecycle import LifecycleConfig, OperatorAction
+from metalguard.controller.core.out_of_band import BmcWord, with_bmc
+from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringConfig
+from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, ScoringMemo, assess
+from metalguard.controller.core.topology import TopologyView
+from metalguard.controller.decision_metrics import DecisionMetrics
+from metalguard.controller.state.store import ClusterKey, NodeStore, StoreConflictError, handle_of
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import encode
+from metalguard.proto.events import ControllerEvent, NodeEvent
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
 
 log = logging.getLogger(__name__)
 

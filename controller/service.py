@@ -21,31 +21,31 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
-from controller.api_jobs import JobsView
-from controller.api_server import start_api
-from controller.api_sse import NatsEventSource
-from controller.config import (
+from metalguard.controller.api.jobs import JobsView
+from metalguard.controller.api.server import start_api
+from metalguard.controller.api.sse import NatsEventSource
+from metalguard.controller.config import (
     ConfigError,
     ControllerConfig,
     IngestSection,
     NatsSection,
     load_config,
 )
-from controller.federation import Federation, job_counts
-from controller.ingest import Ingest, IngestSettings
-from controller.ingest_settings import tune_gc
-from controller.jobs import JobManager
-from controller.jobs_federated import FederatedJobs
-from controller.jobs_store import JobStore
-from controller.leader import Leadership, region_leadership
-from controller.qos import QosStore
-from controller.region import RegionController
-from controller.scoring_config import ScoringConfig
-from controller.state import NodeStore
-from controller.streams import ensure_streams
-from controller.topology import TopologyView
-from proto.access import tls_context
-from proto.subjects import Subjects
+from metalguard.controller.core.scoring.config import ScoringConfig
+from metalguard.controller.core.topology import TopologyView
+from metalguard.controller.federation.jobs import FederatedJobs
+from metalguard.controller.federation.service import Federation, job_counts
+from metalguard.controller.ingest.consumer import Ingest, IngestSettings
+from metalguard.controller.ingest.settings import tune_gc
+from metalguard.controller.jobs.manager import JobManager
+from metalguard.controller.jobs.store import JobStore
+from metalguard.controller.leader import Leadership, region_leadership
+from metalguard.controller.qos import QosStore
+from metalguard.controller.region import RegionController
+from metalguard.controller.state.store import NodeStore
+from metalguard.controller.state.streams import ensure_streams
+from metalguard.proto.access import tls_context
+from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Any
 import nats
 from nats.errors import Error as NatsError
 
-from controller.streams import StreamSettings, ensure_streams
-from proto.subjects import SubjectError, Subjects
+from metalguard.controller.state.streams import StreamSettings, ensure_streams
+from metalguard.proto.subjects import SubjectError, Subjects
 
 CONNECT_DEADLINE_S = 10.0
 

@@ -94,7 +94,7 @@ class _Flags:
 
 def _client() -> Any:
     try:
-        from agent.workload import client
+        from metalguard import checkpoint as client
     except ImportError:
         return None
     return client.connect()

@@ -124,7 +124,7 @@ class _SignalOnly:
 def _client(use_library: bool) -> _Client:
     if use_library:
         try:
-            from agent.workload import client
+            from metalguard import checkpoint as client
         except ImportError:
             pass
         else:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import msgspec
 
-from proto.base import Token
+from metalguard.proto.base import Token
 
 Seconds = Annotated[float, msgspec.Meta(ge=0.05)]
 """A duration in a config file (at least 50 ms)."""

@@ -11,8 +11,8 @@ from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
-from proto.base import SCHEMA_VERSION, TAG_FIELD
-from proto.messages import TAGS, AnyMessage
+from metalguard.proto.base import SCHEMA_VERSION, TAG_FIELD
+from metalguard.proto.messages import TAGS, AnyMessage
 
 M = TypeVar("M", bound=msgspec.Struct)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proto.base import AttrValue, Message, NodeIdentity, Reason, Token
-from proto.jobs import JOB_EVENT_KINDS
+from metalguard.proto.base import AttrValue, Message, NodeIdentity, Reason, Token
+from metalguard.proto.jobs import JOB_EVENT_KINDS
 
 NODE_EVENT_KINDS: frozenset[str] = frozenset(
     {

@@ -3,9 +3,9 @@ forwarded jobs, pings."""
 
 from __future__ import annotations
 
-from proto.base import Message, NonNegInt, Record
-from proto.jobs import Job, JobStatus
-from proto.nodes import NodeRecord
+from metalguard.proto.base import Message, NonNegInt, Record
+from metalguard.proto.jobs import Job, JobStatus
+from metalguard.proto.nodes import NodeRecord
 
 
 class GpuCapacity(Record, frozen=True):

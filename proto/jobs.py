@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from proto.base import Message, NonNegInt, Record
+from metalguard.proto.base import Message, NonNegInt, Record
 
 Spread = Literal["rack", "cluster", "zone", "region"]
 JobState = Literal[

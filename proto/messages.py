@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Final, get_args
 
-from proto.events import Command, CommandReply, ControllerEvent, NodeEvent
-from proto.federation import (
+from metalguard.proto.events import Command, CommandReply, ControllerEvent, NodeEvent
+from metalguard.proto.federation import (
     JobCancel,
     JobForward,
     JobForwardReply,
@@ -16,10 +16,10 @@ from proto.federation import (
     RegionPing,
     RegionSummary,
 )
-from proto.jobs import Job, JobStatus
-from proto.nodes import NodeRecord, RailState
-from proto.qos import QosProfile
-from proto.telemetry import TelemetryBatch
+from metalguard.proto.jobs import Job, JobStatus
+from metalguard.proto.nodes import NodeRecord, RailState
+from metalguard.proto.qos import QosProfile
+from metalguard.proto.telemetry import TelemetryBatch
 
 AnyMessage = (
     TelemetryBatch

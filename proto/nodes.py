@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from proto.base import Message, NodeIdentity, NonNegInt, Reason, Record, Token
+from metalguard.proto.base import Message, NodeIdentity, NonNegInt, Reason, Record, Token
 
 Grade = Literal["HEALTHY", "SUB_HEALTHY", "FAILING", "MAINTENANCE", "UNREACHABLE"]
 GRADES: tuple[Grade, ...] = ("HEALTHY", "SUB_HEALTHY", "FAILING", "MAINTENANCE", "UNREACHABLE")

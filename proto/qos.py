@@ -14,8 +14,16 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from proto.base import SCHEMA_VERSION, TAG_FIELD, Message, NonNegInt, Percent, Priority, Record
-from proto.documents import describe_validation_error
+from metalguard.proto.base import (
+    SCHEMA_VERSION,
+    TAG_FIELD,
+    Message,
+    NonNegInt,
+    Percent,
+    Priority,
+    Record,
+)
+from metalguard.proto.documents import describe_validation_error
 
 Dscp = Annotated[int, msgspec.Meta(ge=0, le=63)]
 Probability = Annotated[float, msgspec.Meta(ge=0, le=1)]

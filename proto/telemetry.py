@@ -10,8 +10,8 @@ from typing import Final
 
 import msgspec
 
-from proto.base import Message, NodeIdentity, NonNegInt, Record
-from proto.topology import NodeTopology
+from metalguard.proto.base import Message, NodeIdentity, NonNegInt, Record
+from metalguard.proto.topology import NodeTopology
 
 NVME_CRITICAL_WARNING_BITS: Final[dict[int, str]] = {
     0: "available spare below threshold",

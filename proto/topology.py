@@ -8,7 +8,7 @@ that says nothing still decodes (docs/scheduler.md).
 
 from __future__ import annotations
 
-from proto.base import NonNegInt, Record
+from metalguard.proto.base import NonNegInt, Record
 
 
 class NodeTopology(Record, frozen=True):

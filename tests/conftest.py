@@ -11,9 +11,14 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from controller.natsserver import NatsServer
-from controller.streams import StreamSettings, bucket_configs, ensure_streams, stream_configs
-from proto.subjects import Subjects
+from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.state.streams import (
+    StreamSettings,
+    bucket_configs,
+    ensure_streams,
+    stream_configs,
+)
+from metalguard.proto.subjects import Subjects
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

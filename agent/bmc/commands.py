@@ -20,12 +20,12 @@ from typing import Final
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agent.bmc.remediation import Remediator, to_reply
-from agent.bmc.targets import BmcTarget
-from agent.connection import AnsweringConnection, NatsSettings
-from proto.codec import CodecError, decode, encode
-from proto.events import Command, CommandReply, CommandStatus
-from proto.subjects import Subjects
+from metalguard.agent.bmc.remediation import Remediator, to_reply
+from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.agent.connection import AnsweringConnection, NatsSettings
+from metalguard.proto.codec import CodecError, decode, encode
+from metalguard.proto.events import Command, CommandReply, CommandStatus
+from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
 

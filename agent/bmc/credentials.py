@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final, Literal
 
-from proto.access import ConfigSection
-from proto.documents import DocumentError, decode_toml, read_text
+from metalguard.proto.access import ConfigSection
+from metalguard.proto.documents import DocumentError, decode_toml, read_text
 
 AuthProtocol = Literal["none", "md5", "sha", "sha224", "sha256", "sha384", "sha512"]
 PrivProtocol = Literal["none", "des", "3des", "aes", "aes192", "aes256"]

@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from agent.bmc.credentials import load_credentials
-from agent.bmc.targets import BmcTarget
-from proto.telemetry import BmcReading, BmcSensor
+from metalguard.agent.bmc.credentials import load_credentials
+from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.proto.telemetry import BmcReading, BmcSensor
 
 SOURCE: Final = "ipmi"
 DEFAULT_PORT: Final = 623

@@ -19,18 +19,18 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.backoff import Backoff, guarded_task
-from agent.bmc.commands import REMEDIABLE, BmcCommandService
-from agent.bmc.remediation import Remediator
-from agent.bmc.snmp import SnmpReader, ThreadedSnmpReader
-from agent.bmc.targets import BmcReader, BmcTarget, read_target
-from agent.config import AgentConfig
-from agent.publisher import Publisher, publisher_settings
-from agent.spool import Spool, SpoolEntry
-from proto.base import NodeIdentity
-from proto.codec import encode
-from proto.subjects import SubjectError, Subjects
-from proto.telemetry import BmcReading, TelemetryBatch
+from metalguard.agent.backoff import Backoff, guarded_task
+from metalguard.agent.bmc.commands import REMEDIABLE, BmcCommandService
+from metalguard.agent.bmc.remediation import Remediator
+from metalguard.agent.bmc.snmp import SnmpReader, ThreadedSnmpReader
+from metalguard.agent.bmc.targets import BmcReader, BmcTarget, read_target
+from metalguard.agent.config import AgentConfig
+from metalguard.agent.publisher import Publisher, publisher_settings
+from metalguard.agent.spool import Spool, SpoolEntry
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import encode
+from metalguard.proto.subjects import SubjectError, Subjects
+from metalguard.proto.telemetry import BmcReading, TelemetryBatch
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from typing import Any, Final, Literal
 import aiohttp
 import msgspec
 
-from agent.bmc.credentials import load_credentials
-from agent.bmc.targets import BmcTarget
-from proto.telemetry import BmcReading, BmcSensor
+from metalguard.agent.bmc.credentials import load_credentials
+from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.proto.telemetry import BmcReading, BmcSensor
 
 SOURCE: Final = "redfish"
 DEFAULT_PORT: Final = 443

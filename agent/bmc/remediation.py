@@ -33,9 +33,9 @@ from typing import Any, Final, Literal, Protocol, get_args
 
 import msgspec
 
-from agent.bmc import ipmi, redfish
-from agent.bmc.targets import BmcTarget
-from proto.events import CommandReply, CommandStatus
+from metalguard.agent.bmc import ipmi, redfish
+from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.proto.events import CommandReply, CommandStatus
 
 Action = Literal["power_status", "power_cycle", "force_power_cycle", "pxe_once"]
 ACTIONS: Final[tuple[str, ...]] = get_args(Action)

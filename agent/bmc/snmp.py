@@ -33,10 +33,17 @@ from pysnmp.hlapi.v3arch.asyncio import (
 from pysnmp.hlapi.v3arch.asyncio import auth as usm
 from pysnmp.proto import rfc1905
 
-from agent.bmc.credentials import BmcCredentials, CredentialsError, load_credentials
-from agent.bmc.snmp_profiles import Oid, Profile, Value, Walked, join_columns, profile_named
-from agent.bmc.targets import BmcTarget, unreachable
-from proto.telemetry import BmcReading
+from metalguard.agent.bmc.credentials import BmcCredentials, CredentialsError, load_credentials
+from metalguard.agent.bmc.snmp_profiles import (
+    Oid,
+    Profile,
+    Value,
+    Walked,
+    join_columns,
+    profile_named,
+)
+from metalguard.agent.bmc.targets import BmcTarget, unreachable
+from metalguard.proto.telemetry import BmcReading
 
 log = logging.getLogger(__name__)
 

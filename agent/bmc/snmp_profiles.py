@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from proto.telemetry import BmcSensor
+from metalguard.proto.telemetry import BmcSensor
 
 Oid = tuple[int, ...]
 Value = int | str | None

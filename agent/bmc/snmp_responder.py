@@ -25,9 +25,9 @@ from pysnmp.entity.rfc3413 import context as snmp_context
 from pysnmp.proto.api import v2c
 from pysnmp.smi.instrum import AbstractMibInstrumController
 
-from agent.bmc.credentials import BmcCredentials
-from agent.bmc.snmp import AUTH_PROTOCOLS, PRIV_PROTOCOLS
-from agent.bmc.snmp_profiles import Oid, parse_oid
+from metalguard.agent.bmc.credentials import BmcCredentials
+from metalguard.agent.bmc.snmp import AUTH_PROTOCOLS, PRIV_PROTOCOLS
+from metalguard.agent.bmc.snmp_profiles import Oid, parse_oid
 
 Record = tuple[Oid, Any]
 

@@ -13,8 +13,8 @@ from typing import Annotated, Final, Literal, Protocol
 
 import msgspec
 
-from proto.access import ConfigSection
-from proto.telemetry import BmcReading
+from metalguard.proto.access import ConfigSection
+from metalguard.proto.telemetry import BmcReading
 
 Protocol_ = Literal["snmp", "redfish", "ipmi"]
 
@@ -43,7 +43,7 @@ class BmcTarget(ConfigSection, frozen=True):
         if not self.address.strip():
             raise ValueError("address: empty")
         if self.protocol == "snmp":
-            from agent.bmc.snmp_profiles import PROFILES
+            from metalguard.agent.bmc.snmp_profiles import PROFILES
 
             if self.profile and self.profile not in PROFILES:
                 raise ValueError(
@@ -74,9 +74,9 @@ class BmcReader(Protocol):
 
 
 READERS: Final[dict[str, str]] = {
-    "snmp": "agent.bmc.snmp",
-    "redfish": "agent.bmc.redfish",
-    "ipmi": "agent.bmc.ipmi",
+    "snmp": "metalguard.agent.bmc.snmp",
+    "redfish": "metalguard.agent.bmc.redfish",
+    "ipmi": "metalguard.agent.bmc.ipmi",
 }
 """Protocol -> the module whose ``read_bmc`` reads it (imported when first needed)."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from proto.telemetry import CollectorError, CollectorRun
+from metalguard.proto.telemetry import CollectorError, CollectorRun
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from agent.collectors.base import BatchField, Collected, CollectorSettings, register
-from agent.sysfs import ReadStatus, SysfsReader, natural_key, run_scan
-from proto.telemetry import CollectorError, EdacChannel, EdacController, EdacCsrow, EdacDimm
+from metalguard.agent.collectors.base import BatchField, Collected, CollectorSettings, register
+from metalguard.agent.sysfs import ReadStatus, SysfsReader, natural_key, run_scan
+from metalguard.proto.telemetry import (
+    CollectorError,
+    EdacChannel,
+    EdacController,
+    EdacCsrow,
+    EdacDimm,
+)
 
 MC_DIR = "devices/system/edac/mc"
 CONTROLLER_FILES = ("ce_count", "ue_count", "ce_noinfo_count", "ue_noinfo_count")

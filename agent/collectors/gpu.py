@@ -27,11 +27,17 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agent.collectors.base import BatchField, Collected, CollectorSettings, register
-from agent.collectors.gpu_parse import NvmlValues, gpu_device, pci_address, text, xid_event
-from proto.base import NodeIdentity
-from proto.events import NodeEvent
-from proto.telemetry import CollectorError
+from metalguard.agent.collectors.base import BatchField, Collected, CollectorSettings, register
+from metalguard.agent.collectors.gpu_parse import (
+    NvmlValues,
+    gpu_device,
+    pci_address,
+    text,
+    xid_event,
+)
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.telemetry import CollectorError
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from proto.base import AttrValue, NodeIdentity
-from proto.events import NodeEvent
-from proto.telemetry import GpuDevice, NvLinkErrors
+from metalguard.proto.base import AttrValue, NodeIdentity
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.telemetry import GpuDevice, NvLinkErrors
 
 
 @dataclass(frozen=True, slots=True)

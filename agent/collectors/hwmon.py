@@ -12,9 +12,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.collectors.base import BatchField, Collected, CollectorSettings, register
-from agent.sysfs import ReadStatus, SysfsReader, natural_key, run_scan
-from proto.telemetry import CollectorError, Fan, HwmonChip, Temperature
+from metalguard.agent.collectors.base import BatchField, Collected, CollectorSettings, register
+from metalguard.agent.sysfs import ReadStatus, SysfsReader, natural_key, run_scan
+from metalguard.proto.telemetry import CollectorError, Fan, HwmonChip, Temperature
 
 HWMON_DIR = "class/hwmon"
 SENSOR_FILE_RE = re.compile(r"^(fan|temp)([0-9]+)_(input|min|alarm|label|crit|max)$")

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from agent.collectors.base import BatchField, Collected, CollectorSettings, register
-from agent.collectors.netdev_parse import (
+from metalguard.agent.collectors.base import BatchField, Collected, CollectorSettings, register
+from metalguard.agent.collectors.netdev_parse import (
     DEFAULT_EXCLUDE,
     STAT_FILES,
     classid,
@@ -35,8 +35,8 @@ from agent.collectors.netdev_parse import (
     pause_totals,
     selected,
 )
-from agent.sysfs import ReadStatus, SysfsReader, run_scan
-from proto.telemetry import CollectorError, NetInterface, TcClassStats
+from metalguard.agent.sysfs import ReadStatus, SysfsReader, run_scan
+from metalguard.proto.telemetry import CollectorError, NetInterface, TcClassStats
 
 log = logging.getLogger(__name__)
 

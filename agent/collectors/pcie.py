@@ -13,9 +13,9 @@ from typing import TypeVar
 
 import msgspec
 
-from agent.collectors.base import BatchField, Collected, CollectorSettings, register
-from agent.sysfs import ReadStatus, SysfsReader, run_scan
-from proto.telemetry import AerCounters, CollectorError, PcieDevice
+from metalguard.agent.collectors.base import BatchField, Collected, CollectorSettings, register
+from metalguard.agent.sysfs import ReadStatus, SysfsReader, run_scan
+from metalguard.proto.telemetry import AerCounters, CollectorError, PcieDevice
 
 DEVICES_DIR = "bus/pci/devices"
 IDENTITY_FILES = ("class", "vendor", "device")

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.collectors.base import BatchField, Collected, CollectorSettings, register
-from agent.collectors.smart_parse import (
+from metalguard.agent.collectors.base import BatchField, Collected, CollectorSettings, register
+from metalguard.agent.collectors.smart_parse import (
     ScanEntry,
     SmartJsonError,
     devices_from_sysfs,
@@ -26,7 +26,7 @@ from agent.collectors.smart_parse import (
     smartctl_args,
     with_permission_hint,
 )
-from proto.telemetry import CollectorError, SmartDevice
+from metalguard.proto.telemetry import CollectorError, SmartDevice
 
 NAME = "smart"
 REAP_TIMEOUT_S = 5.0

@@ -12,8 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from agent.collectors.smart_parse import ExitStatus, decode_exit_status, describe_critical_warning
-from proto.telemetry import SmartDevice
+from metalguard.agent.collectors.smart_parse import (
+    ExitStatus,
+    decode_exit_status,
+    describe_critical_warning,
+)
+from metalguard.proto.telemetry import SmartDevice
 
 Severity = Literal["failing", "degraded"]
 """failing: replace or drain now; degraded: still working, plan a replacement."""

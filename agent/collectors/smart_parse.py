@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from proto.telemetry import NVME_CRITICAL_WARNING_BITS, SmartDevice
+from metalguard.proto.telemetry import NVME_CRITICAL_WARNING_BITS, SmartDevice
 
 _UINT64_MAX = 2**64 - 1
 """Largest count the wire (msgpack) carries; NVMe counters are 128-bit in theory."""

@@ -20,8 +20,8 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Protocol
 
-from proto.base import AttrValue, NodeIdentity
-from proto.events import NodeEvent
+from metalguard.proto.base import AttrValue, NodeIdentity
+from metalguard.proto.events import NodeEvent
 
 log = logging.getLogger(__name__)
 

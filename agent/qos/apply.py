@@ -16,11 +16,11 @@ from typing import Literal
 
 import msgspec
 
-from agent.qos import dcb_backend, mlx5_backend, tc_backend
-from agent.qos.dcb_backend import DcbError, DcbState
-from agent.qos.mlx5_backend import Mlx5Error
-from agent.qos.plan import InterfacePlan
-from agent.qos.tc_backend import TcError, TcState
+from metalguard.agent.qos import dcb_backend, mlx5_backend, tc_backend
+from metalguard.agent.qos.dcb_backend import DcbError, DcbState
+from metalguard.agent.qos.mlx5_backend import Mlx5Error
+from metalguard.agent.qos.plan import InterfacePlan
+from metalguard.agent.qos.tc_backend import TcError, TcState
 
 Status = Literal["applied", "partial", "unsupported", "failed"]
 PartStatus = Literal["applied", "unsupported", "failed"]

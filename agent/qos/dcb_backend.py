@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from agent.qos.plan import DcbPlan
+from metalguard.agent.qos.plan import DcbPlan
 
 DCB_TIMEOUT_S = 10.0
 NUM_PRIOS = 8

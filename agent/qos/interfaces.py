@@ -10,8 +10,8 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from agent.qos.plan import InterfaceInfo
-from agent.qos.tc_backend import check_netns
+from metalguard.agent.qos.plan import InterfaceInfo
+from metalguard.agent.qos.tc_backend import check_netns
 
 
 def _read(path: Path) -> str:

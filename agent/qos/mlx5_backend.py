@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from agent.qos.plan import Mlx5Plan
+from metalguard.agent.qos.plan import Mlx5Plan
 
 SIDES = ("np", "rp")
 

@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 from typing import Literal, TextIO
 
-from agent.config import ConfigError, load_config
-from agent.qos.apply import QosTarget, apply_plan
-from agent.qos.interfaces import list_interfaces
-from agent.qos.plan import plan_all, render_plan
-from agent.qos.tc_backend import TcError
-from proto.documents import DocumentError, read_text
-from proto.qos import ProfileError, decode_profile
+from metalguard.agent.config import ConfigError, load_config
+from metalguard.agent.qos.apply import QosTarget, apply_plan
+from metalguard.agent.qos.interfaces import list_interfaces
+from metalguard.agent.qos.plan import plan_all, render_plan
+from metalguard.agent.qos.tc_backend import TcError
+from metalguard.proto.documents import DocumentError, read_text
+from metalguard.proto.qos import ProfileError, decode_profile
 
 
 def main_apply(

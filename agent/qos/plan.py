@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from proto.qos import DEFAULT_PRIORITY, QosProfile
+from metalguard.proto.qos import DEFAULT_PRIORITY, QosProfile
 
 ROOT_HANDLE = "1:"
 ROOT_CLASS = "1:1"

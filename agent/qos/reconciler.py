@@ -20,14 +20,14 @@ from pathlib import Path
 
 import msgspec
 
-from agent.collectors.netdev import ClassLabel, set_class_labels
-from agent.qos.apply import InterfaceResult, QosTarget, apply_plan, clear, verify
-from agent.qos.interfaces import list_interfaces
-from agent.qos.plan import InterfaceInfo, InterfacePlan, plan_all
-from agent.qos.tc_backend import TcError
-from proto.base import AttrValue, NodeIdentity
-from proto.events import NodeEvent
-from proto.qos import QosProfile, profile_problems
+from metalguard.agent.collectors.netdev import ClassLabel, set_class_labels
+from metalguard.agent.qos.apply import InterfaceResult, QosTarget, apply_plan, clear, verify
+from metalguard.agent.qos.interfaces import list_interfaces
+from metalguard.agent.qos.plan import InterfaceInfo, InterfacePlan, plan_all
+from metalguard.agent.qos.tc_backend import TcError
+from metalguard.proto.base import AttrValue, NodeIdentity
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.qos import QosProfile, profile_problems
 
 log = logging.getLogger(__name__)
 

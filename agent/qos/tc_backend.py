@@ -21,7 +21,7 @@ import msgspec
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from agent.qos.plan import (
+from metalguard.agent.qos.plan import (
     LEAF_LIMIT_PKTS,
     ROOT_CLASS,
     ROOT_HANDLE,

@@ -18,10 +18,10 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 
-from agent.qos.reconciler import QosReconciler
-from proto.codec import CodecError, decode
-from proto.qos import QosProfile, profile_problems
-from proto.subjects import Subjects
+from metalguard.agent.qos.reconciler import QosReconciler
+from metalguard.proto.codec import CodecError, decode
+from metalguard.proto.qos import QosProfile, profile_problems
+from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
 

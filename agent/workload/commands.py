@@ -21,11 +21,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from agent.workload.runner import LaunchSpec, Runner, RunnerError
-from proto.base import AttrValue, NodeIdentity
-from proto.codec import CodecError, decode, encode
-from proto.events import Command, CommandReply, CommandStatus
-from proto.subjects import Subjects
+from metalguard.agent.workload.runner import LaunchSpec, Runner, RunnerError
+from metalguard.proto.base import AttrValue, NodeIdentity
+from metalguard.proto.codec import CodecError, decode, encode
+from metalguard.proto.events import Command, CommandReply, CommandStatus
+from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
 

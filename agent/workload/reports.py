@@ -6,8 +6,8 @@ import re
 import signal
 from dataclasses import dataclass
 
-from proto.base import AttrValue, NodeIdentity
-from proto.events import NodeEvent
+from metalguard.proto.base import AttrValue, NodeIdentity
+from metalguard.proto.events import NodeEvent
 
 SOURCE = "workload"
 _DIGEST = re.compile(r"^digest=([0-9A-Za-z]+)\s*$", re.MULTILINE)

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from agent.workload.channel import Channel, ChannelPeer
-from agent.workload.reports import (
+from metalguard.agent.workload.channel import Channel, ChannelPeer
+from metalguard.agent.workload.reports import (
     Checkpoint,
     ExitInfo,
     exit_info,
@@ -32,8 +32,8 @@ from agent.workload.reports import (
     job_event,
     step_from_name,
 )
-from proto.base import NodeIdentity
-from proto.events import NodeEvent
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.events import NodeEvent
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.config import WorkloadSection
-from agent.connection import AnsweringConnection, NatsSettings
-from agent.workload.commands import CommandHandler
-from agent.workload.runner import Emit, Runner, RunnerSettings
-from proto.base import NodeIdentity
-from proto.subjects import Subjects
+from metalguard.agent.config import WorkloadSection
+from metalguard.agent.connection import AnsweringConnection, NatsSettings
+from metalguard.agent.workload.commands import CommandHandler
+from metalguard.agent.workload.runner import Emit, Runner, RunnerSettings
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
 

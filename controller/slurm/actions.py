@@ -19,10 +19,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from controller.slurm.parse import SlurmJob, SlurmNode
-from proto.base import NodeIdentity
-from proto.events import ControllerEvent
-from proto.nodes import NodeRecord
+from metalguard.controller.slurm.parse import SlurmJob, SlurmNode
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.nodes import NodeRecord
 
 Intent = Literal["evacuate", "drain", "resume"]
 

@@ -12,14 +12,14 @@ from collections.abc import Callable
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
-from controller.slurm.actions import Trigger
-from controller.slurm.config import BridgeConfig
-from controller.slurm.parse import SlurmNode
-from controller.slurm.runner import SlurmCommandError
-from proto.base import AttrValue, NodeIdentity
-from proto.codec import encode
-from proto.events import ControllerEvent, NodeEvent
-from proto.subjects import Subjects
+from metalguard.controller.slurm.actions import Trigger
+from metalguard.controller.slurm.config import BridgeConfig
+from metalguard.controller.slurm.parse import SlurmNode
+from metalguard.controller.slurm.runner import SlurmCommandError
+from metalguard.proto.base import AttrValue, NodeIdentity
+from metalguard.proto.codec import encode
+from metalguard.proto.events import ControllerEvent, NodeEvent
+from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
 

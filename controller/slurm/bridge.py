@@ -28,7 +28,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from controller.slurm.actions import (
+from metalguard.controller.slurm.actions import (
     Drain,
     Evacuate,
     Resume,
@@ -39,15 +39,15 @@ from controller.slurm.actions import (
     trigger_of,
     trigger_of_record,
 )
-from controller.slurm.announce import Announcer
-from controller.slurm.config import BridgeConfig
-from controller.slurm.runner import SlurmCommandError
-from controller.slurm.tools import SlurmTools
-from controller.state import NodeStore
-from proto.base import AttrValue
-from proto.codec import CodecError, decode
-from proto.events import ControllerEvent
-from proto.subjects import Subjects
+from metalguard.controller.slurm.announce import Announcer
+from metalguard.controller.slurm.config import BridgeConfig
+from metalguard.controller.slurm.runner import SlurmCommandError
+from metalguard.controller.slurm.tools import SlurmTools
+from metalguard.controller.state.store import NodeStore
+from metalguard.proto.base import AttrValue
+from metalguard.proto.codec import CodecError, decode
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
 

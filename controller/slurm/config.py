@@ -12,10 +12,10 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from controller.config import ConfigError, NatsSection
-from proto.access import ConfigSection, Seconds
-from proto.base import Token
-from proto.documents import DocumentError, decode_toml, read_text
+from metalguard.controller.config import ConfigError, NatsSection
+from metalguard.proto.access import ConfigSection, Seconds
+from metalguard.proto.base import Token
+from metalguard.proto.documents import DocumentError, decode_toml, read_text
 
 DEFAULT_REASON_PREFIX = "metalguard:"
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]

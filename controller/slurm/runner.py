@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.slurm.config import SlurmSection
+from metalguard.controller.slurm.config import SlurmSection
 
 log = logging.getLogger(__name__)
 

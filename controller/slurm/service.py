@@ -17,13 +17,13 @@ import nats
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
-from controller.config import ConfigError
-from controller.service import connect_options
-from controller.slurm.bridge import SlurmBridge
-from controller.slurm.config import load_bridge_config
-from controller.slurm.runner import SlurmRunner
-from controller.slurm.tools import SlurmTools
-from proto.subjects import Subjects
+from metalguard.controller.config import ConfigError
+from metalguard.controller.service import connect_options
+from metalguard.controller.slurm.bridge import SlurmBridge
+from metalguard.controller.slurm.config import load_bridge_config
+from metalguard.controller.slurm.runner import SlurmRunner
+from metalguard.controller.slurm.tools import SlurmTools
+from metalguard.proto.subjects import Subjects
 
 
 async def run_bridge(config_path: Path) -> int:

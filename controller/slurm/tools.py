@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from controller.slurm.parse import (
+from metalguard.controller.slurm.parse import (
     SQUEUE_TEXT_FORMAT,
     SlurmJob,
     SlurmNode,
@@ -20,7 +20,7 @@ from controller.slurm.parse import (
     parse_squeue_json,
     parse_squeue_text,
 )
-from controller.slurm.runner import SlurmCommandError, SlurmRunner
+from metalguard.controller.slurm.runner import SlurmCommandError, SlurmRunner
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ import msgspec
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from controller.api_sse import NatsEventSource
-from controller.ingest_metrics import IngestMetrics
-from controller.region import RegionController
-from controller.state import NodeStore
-from proto.base import NodeIdentity
-from proto.subjects import Subjects
-from proto.telemetry import TelemetryBatch
+from metalguard.controller.api.sse import NatsEventSource
+from metalguard.controller.ingest.metrics import IngestMetrics
+from metalguard.controller.region import RegionController
+from metalguard.controller.state.store import NodeStore
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import TelemetryBatch
 from tests.clock import T0, ManualClock
 from tests.unit.scoring_helpers import dimm_mc
 

@@ -11,12 +11,12 @@ import nats
 import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from agent.spool import Spool
-from controller.natsserver import NatsServer
-from controller.streams import ensure_streams
-from proto.codec import decode
-from proto.subjects import DEFAULT_SUBJECTS, TelemetrySubject
-from proto.telemetry import TelemetryBatch
+from metalguard.agent.spool import Spool
+from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.state.streams import ensure_streams
+from metalguard.proto.codec import decode
+from metalguard.proto.subjects import DEFAULT_SUBJECTS, TelemetrySubject
+from metalguard.proto.telemetry import TelemetryBatch
 from tests.integration.agent_proc import AgentProcess, NotifySocket, write_agent_config
 from tests.waiting import wait_for_value, wait_until
 
@@ -132,7 +132,10 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path: Path) -> None:
 async def test_agent_publishes_fixture_batches(tmp_path: Path, nats_url: str) -> None:
     await _setup_streams(nats_url)
     config = write_agent_config(
-        tmp_path / "agent.toml", nats_url=nats_url, spool_dir=tmp_path / "spool", node="pub1"
+        tmp_path / "agent.toml",
+        nats_url=nats_url,
+        spool_dir=tmp_path / "spool",
+        node="pub1",
     )
     agent = AgentProcess(config)
     try:

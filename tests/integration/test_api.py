@@ -13,9 +13,9 @@ from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
-from controller.api import HUB, make_app
-from proto.subjects import Subjects
-from proto.telemetry import BmcReading, QosInterfaceStatus
+from metalguard.controller.api.app import HUB, make_app
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import BmcReading, QosInterfaceStatus
 from tests.integration.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
 from tests.waiting import wait_until
 

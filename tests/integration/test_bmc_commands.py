@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from agent.bmc.commands import BmcCommandService
-from agent.connection import NatsSettings
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.events import Command, CommandReply, CommandStatus
-from proto.subjects import Subjects
+from metalguard.agent.bmc.commands import BmcCommandService
+from metalguard.agent.connection import NatsSettings
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import Command, CommandReply, CommandStatus
+from metalguard.proto.subjects import Subjects
 from tests.integration.test_bmc_redfish_emulator import RunningEmulator, bmc, certificate
 from tests.integration.test_bmc_remediation import bmc_target, remediator
 from tests.waiting import wait_until

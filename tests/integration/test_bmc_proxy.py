@@ -14,14 +14,14 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agent.bmc.proxy import BmcProxy, OutOfBandPublisher, TargetReader
-from agent.bmc.snmp_responder import SnmpResponder, load_snmprec
-from agent.bmc.targets import BmcTarget
-from agent.publisher import PublisherSettings
-from agent.spool import Spool
-from proto.codec import decode
-from proto.subjects import Subjects
-from proto.telemetry import BmcReading, TelemetryBatch
+from metalguard.agent.bmc.proxy import BmcProxy, OutOfBandPublisher, TargetReader
+from metalguard.agent.bmc.snmp_responder import SnmpResponder, load_snmprec
+from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.agent.publisher import PublisherSettings
+from metalguard.agent.spool import Spool
+from metalguard.proto.codec import decode
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import BmcReading, TelemetryBatch
 from tests.integration.agent_proc import FIXTURE_SYSFS, METALGUARD, AgentProcess
 from tests.waiting import wait_until
 

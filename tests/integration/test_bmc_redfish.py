@@ -6,9 +6,9 @@ import socket
 import time
 from pathlib import Path
 
-from agent.bmc import redfish
-from agent.bmc.targets import BmcTarget
-from proto.telemetry import BmcReading, BmcSensor
+from metalguard.agent.bmc import redfish
+from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.proto.telemetry import BmcReading, BmcSensor
 from tests.integration.test_bmc_redfish_emulator import (
     PASSWORD,
     USER,
@@ -147,7 +147,7 @@ async def test_unreachable_bmc_is_a_reading_within_its_timeout(tmp_path: Path) -
 
 async def test_through_the_shared_reader_registry(bmc: RunningEmulator, tmp_path: Path) -> None:
     """What the bmc-proxy and `agent collect` call: targets.read_target -> redfish.read_bmc."""
-    from agent.bmc.targets import read_target
+    from metalguard.agent.bmc.targets import read_target
 
     t = target(bmc.address, credentials(tmp_path), verify_tls=False)
     reading = await read_target(t)

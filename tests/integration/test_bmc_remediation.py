@@ -7,10 +7,10 @@ import asyncio
 import functools
 from pathlib import Path
 
-from agent.bmc import remediation
-from agent.bmc.remediation import Remediator, open_control, to_reply
-from agent.bmc.targets import BmcTarget
-from proto.events import CommandStatus
+from metalguard.agent.bmc import remediation
+from metalguard.agent.bmc.remediation import Remediator, open_control, to_reply
+from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.proto.events import CommandStatus
 from tests.integration.test_bmc_redfish import credentials, target
 from tests.integration.test_bmc_redfish_emulator import RunningEmulator, bmc, certificate
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.bmc import ipmi
-from agent.bmc.remediation import PowerControl, Remediator, open_control
-from agent.bmc.targets import BmcTarget
+from metalguard.agent.bmc import ipmi
+from metalguard.agent.bmc.remediation import PowerControl, Remediator, open_control
+from metalguard.agent.bmc.targets import BmcTarget
 from tests.waiting import wait_for_value
 
 FAKE_IPMITOOL = r"""#!/bin/sh

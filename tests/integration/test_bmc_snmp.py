@@ -11,11 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.bmc.credentials import parse_credentials
-from agent.bmc.snmp import SnmpReader, read_bmc
-from agent.bmc.snmp_responder import SnmprecError, SnmpResponder, load_snmprec, parse_snmprec
-from agent.bmc.targets import BmcTarget
-from proto.telemetry import BmcSensor
+from metalguard.agent.bmc.credentials import parse_credentials
+from metalguard.agent.bmc.snmp import SnmpReader, read_bmc
+from metalguard.agent.bmc.snmp_responder import (
+    SnmprecError,
+    SnmpResponder,
+    load_snmprec,
+    parse_snmprec,
+)
+from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.proto.telemetry import BmcSensor
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "snmp"
 ENTITY = FIXTURES / "entity-sensor-bmc.snmprec"

@@ -27,11 +27,11 @@ import pytest
 from aiohttp import web
 from nats.aio.client import Client
 
-from controller.api import make_app
-from controller.jobs import JobManager
-from controller.jobs_store import JobStore
-from proto.nodes import NodeRecord
-from proto.subjects import Subjects
+from metalguard.controller.api.app import make_app
+from metalguard.controller.jobs.manager import JobManager
+from metalguard.controller.jobs.store import JobStore
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.subjects import Subjects
 from tests.integration.api_env import FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
 from tests.waiting import wait_for_line
 

@@ -15,9 +15,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
-from controller.api import make_app
-from controller.api_dashboard import DASHBOARD_DIR
-from proto.subjects import Subjects
+from metalguard.controller.api.app import make_app
+from metalguard.controller.api.dashboard import DASHBOARD_DIR
+from metalguard.proto.subjects import Subjects
 from tests.integration.api_env import READ_TOKEN, ApiEnv, api_env
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,12 +18,12 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from controller import __version__
-from controller.streams import StreamSettings, bucket_configs
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.subjects import Subjects
-from proto.telemetry import TelemetryBatch
+from metalguard import __version__
+from metalguard.controller.state.streams import StreamSettings, bucket_configs
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import TelemetryBatch
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 SMALL_FLEET = ("--racks", "1", "--nodes-per-rack", "2", "--http", "127.0.0.1:0")

@@ -14,16 +14,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent.sim.scenario import ScenarioError, parse_scenario
-from controller.demo import (
+from metalguard.demo.run import (
     DemoOptions,
     expected_digest,
     region_count,
     report_ok,
     worst_grade_since,
 )
-from proto.base import NodeIdentity
-from proto.nodes import GradeChange, NodeRecord
+from metalguard.demo.sim.scenario import ScenarioError, parse_scenario
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.nodes import GradeChange, NodeRecord
 from tests.waiting import wait_for_line, wait_for_value
 
 ROOT = Path(__file__).resolve().parents[2]

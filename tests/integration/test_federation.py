@@ -9,13 +9,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
-from controller.api import make_app
-from controller.api_fleet import add_fleet_routes
-from controller.federation import Federation
-from controller.scheduler import FleetNode
-from proto.base import NodeIdentity
-from proto.nodes import NodeRecord
-from proto.subjects import Subjects
+from metalguard.controller.api.app import make_app
+from metalguard.controller.api.fleet import add_fleet_routes
+from metalguard.controller.federation.service import Federation
+from metalguard.controller.jobs.scheduler import FleetNode
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.subjects import Subjects
 from tests.integration.api_env import ApiEnv, api_env
 from tests.waiting import wait_until
 

@@ -30,7 +30,7 @@ import pytest
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
-from controller.demo import WorkloadFleet
+from metalguard.demo.run import WorkloadFleet
 from tests.integration.supercluster import RegionServer, free_port
 from tests.waiting import wait_for_value
 

@@ -12,14 +12,14 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
-from controller.federation import Federation
-from controller.jobs import JobManager
-from controller.jobs_federated import FederatedJobs
-from controller.jobs_spec import JobRejectedError, NotLeaderError
-from controller.jobs_store import JobExistsError, JobStore
-from controller.scheduler import FleetNode
-from proto.nodes import NodeRecord
-from proto.subjects import Subjects
+from metalguard.controller.federation.jobs import FederatedJobs
+from metalguard.controller.federation.service import Federation
+from metalguard.controller.jobs.manager import JobManager
+from metalguard.controller.jobs.scheduler import FleetNode
+from metalguard.controller.jobs.spec import JobRejectedError, NotLeaderError
+from metalguard.controller.jobs.store import JobExistsError, JobStore
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.subjects import Subjects
 from tests.waiting import wait_until
 
 INTERVAL_S = 0.2

@@ -17,14 +17,14 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from agent.sim.fleet import SimFleet
-from controller.ingest import Ingest, IngestSettings
-from controller.region import RegionController
-from controller.state import NodeStore
-from proto.codec import decode
-from proto.events import ControllerEvent
-from proto.nodes import NodeRecord
-from proto.subjects import Subjects
+from metalguard.controller.ingest.consumer import Ingest, IngestSettings
+from metalguard.controller.region import RegionController
+from metalguard.controller.state.store import NodeStore
+from metalguard.demo.sim.fleet import SimFleet
+from metalguard.proto.codec import decode
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.subjects import Subjects
 from tests.waiting import wait_until
 
 REGION, CLUSTER = "r1", "c1"

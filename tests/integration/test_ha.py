@@ -21,17 +21,17 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from controller.leader import Leadership, region_leadership
-from controller.lifecycle import LifecycleConfig
-from controller.region import RegionController
-from controller.service import reload_on_election, start_ingest
-from controller.state import NodeStore
-from controller.streams import StreamSettings, bucket_configs
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.events import ControllerEvent
-from proto.subjects import Subjects
-from proto.telemetry import TelemetryBatch
+from metalguard.controller.core.lifecycle import LifecycleConfig
+from metalguard.controller.leader import Leadership, region_leadership
+from metalguard.controller.region import RegionController
+from metalguard.controller.service import reload_on_election, start_ingest
+from metalguard.controller.state.store import NodeStore
+from metalguard.controller.state.streams import StreamSettings, bucket_configs
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import TelemetryBatch
 from tests.unit.scoring_helpers import dimm_mc
 from tests.waiting import wait_for_line, wait_for_value, wait_until
 

@@ -19,10 +19,10 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from controller.demo import WorkloadFleet
-from proto.codec import decode
-from proto.events import ControllerEvent
-from proto.subjects import Subjects
+from metalguard.demo.run import WorkloadFleet
+from metalguard.proto.codec import decode
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.subjects import Subjects
 from tests.integration.supercluster import free_port
 from tests.integration.test_ha import (  # noqa: F401 (short_leases: a fixture)
     MARGIN_S,

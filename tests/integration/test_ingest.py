@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from controller.ingest import (
+from metalguard.controller.ingest.consumer import (
     HDR_REASON,
     HDR_SENDER,
     HDR_SEQ,
@@ -29,11 +29,11 @@ from controller.ingest import (
     durable_name,
     shard_of,
 )
-from proto.base import NodeIdentity
-from proto.codec import encode
-from proto.events import NodeEvent
-from proto.subjects import Subjects
-from proto.telemetry import TelemetryBatch
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import encode
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import TelemetryBatch
 from tests.waiting import wait_for_value, wait_until
 
 REGION = "eu-west"
@@ -188,7 +188,7 @@ def malformed(s: Subjects, i: int, rng: random.Random) -> tuple[str, bytes]:
 async def test_ten_thousand_malformed_are_dead_lettered_and_no_valid_batch_is_lost(
     env: Env, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="controller.ingest")
+    caplog.set_level(logging.WARNING, logger="metalguard.controller.ingest.consumer")
     s = env.subjects
     rng = random.Random(7)
     nodes = [ident(f"n{i}") for i in range(5)]

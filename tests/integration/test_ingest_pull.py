@@ -13,8 +13,8 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import ServiceUnavailableError
 
-from controller.ingest_pull import ConsumerGoneError, Puller
-from proto.subjects import Subjects
+from metalguard.controller.ingest.pull import ConsumerGoneError, Puller
+from metalguard.proto.subjects import Subjects
 
 DURABLE = "puller-test"
 

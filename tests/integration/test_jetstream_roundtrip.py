@@ -20,13 +20,13 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from controller.natsserver import NatsServer, NatsServerError
-from controller.streams import StreamSettings, bucket_configs, ensure_streams
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.events import NodeEvent
-from proto.subjects import Subjects
-from proto.telemetry import (
+from metalguard.controller.natsserver import NatsServer, NatsServerError
+from metalguard.controller.state.streams import StreamSettings, bucket_configs, ensure_streams
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import (
     AerCounters,
     CollectorRun,
     EdacController,

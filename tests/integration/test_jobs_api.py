@@ -18,11 +18,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
-from controller.api import HUB, VIEW, make_app
-from controller.jobs import JobManager
-from controller.jobs_store import JobStore
-from proto.nodes import NodeRecord
-from proto.subjects import Subjects
+from metalguard.controller.api.app import HUB, VIEW, make_app
+from metalguard.controller.jobs.manager import JobManager
+from metalguard.controller.jobs.store import JobStore
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.subjects import Subjects
 from tests.clock import ManualClock
 from tests.integration.api_env import ADMIN_TOKEN, READ_TOKEN, api_env
 from tests.waiting import wait_for_line

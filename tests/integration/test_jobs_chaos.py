@@ -18,11 +18,11 @@ import pytest
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.events import Command, CommandReply
-from proto.jobs import TERMINAL_JOB_STATES, JobStatus
-from proto.subjects import Subjects
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import Command, CommandReply
+from metalguard.proto.jobs import TERMINAL_JOB_STATES, JobStatus
+from metalguard.proto.subjects import Subjects
 from tests.integration.test_jobs_e2e import REGION, JobsEnv, expected_digest, jobs_env
 from tests.waiting import wait_until
 

@@ -23,17 +23,17 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from controller.demo import WorkloadFleet
-from controller.ingest import Ingest, IngestSettings
-from controller.jobs import JobManager, JobSettings
-from controller.jobs_store import JobStore
-from controller.lifecycle import LifecycleConfig
-from controller.region import RegionController
-from controller.state import NodeStore
-from proto.codec import decode
-from proto.events import ControllerEvent
-from proto.jobs import TERMINAL_JOB_STATES, JobStatus
-from proto.subjects import Subjects
+from metalguard.controller.core.lifecycle import LifecycleConfig
+from metalguard.controller.ingest.consumer import Ingest, IngestSettings
+from metalguard.controller.jobs.manager import JobManager, JobSettings
+from metalguard.controller.jobs.store import JobStore
+from metalguard.controller.region import RegionController
+from metalguard.controller.state.store import NodeStore
+from metalguard.demo.run import WorkloadFleet
+from metalguard.proto.codec import decode
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.jobs import TERMINAL_JOB_STATES, JobStatus
+from metalguard.proto.subjects import Subjects
 from tests.waiting import wait_until
 
 REGION = "r1"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from proto.jobs import TERMINAL_JOB_STATES
-from proto.subjects import Subjects
+from metalguard.proto.jobs import TERMINAL_JOB_STATES
+from metalguard.proto.subjects import Subjects
 from tests.integration.test_jobs_e2e import JobsEnv, expected_digest, jobs_env
 from tests.waiting import wait_until
 

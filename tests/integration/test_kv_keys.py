@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from nats.aio.client import Client
 
-from controller.jobs_store import JobStore
-from controller.kv_keys import bucket_keys
-from controller.state import NodeStore, handle_of
-from proto.base import NodeIdentity
-from proto.jobs import JobStatus
-from proto.nodes import NodeRecord
-from proto.subjects import Subjects
+from metalguard.controller.jobs.store import JobStore
+from metalguard.controller.state.kv_keys import bucket_keys
+from metalguard.controller.state.store import NodeStore, handle_of
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.jobs import JobStatus
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.subjects import Subjects
 
 WRITES = 200
 

@@ -18,8 +18,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from nats.aio.client import Client
 
-from controller.api import HUB, make_app
-from proto.subjects import Subjects
+from metalguard.controller.api.app import HUB, make_app
+from metalguard.proto.subjects import Subjects
 from tests.integration.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
 from tests.waiting import wait_for_line, wait_until
 

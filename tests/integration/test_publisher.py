@@ -22,15 +22,15 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from agent.publisher import Publisher, PublisherSettings, batch_msg_id, event_msg_id
-from agent.spool import Spool, SpoolEntry
-from controller.natsserver import NatsServer
-from controller.streams import ensure_streams
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.events import NodeEvent
-from proto.subjects import DEFAULT_SUBJECTS
-from proto.telemetry import TelemetryBatch
+from metalguard.agent.publisher import Publisher, PublisherSettings, batch_msg_id, event_msg_id
+from metalguard.agent.spool import Spool, SpoolEntry
+from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.state.streams import ensure_streams
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.subjects import DEFAULT_SUBJECTS
+from metalguard.proto.telemetry import TelemetryBatch
 from tests.waiting import wait_until
 
 OUTAGE_S = 30.0

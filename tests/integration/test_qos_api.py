@@ -16,11 +16,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
-from controller.api import make_app
-from controller.qos import QosStore
-from proto.qos import decode_profile
-from proto.subjects import Subjects
-from proto.telemetry import NetInterface, TcClassStats, TelemetryBatch
+from metalguard.controller.api.app import make_app
+from metalguard.controller.qos import QosStore
+from metalguard.proto.qos import decode_profile
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import NetInterface, TcClassStats, TelemetryBatch
 from tests.integration.api_env import ADMIN_TOKEN, READ_TOKEN, api_env, batch
 
 METALGUARD = Path(sys.executable).parent / "metalguard"

@@ -16,15 +16,15 @@ from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agent.config import parse_config
-from agent.qos import tc_backend
-from agent.service import AgentService
-from controller.api import make_app
-from controller.qos import QosStore
-from proto.codec import decode
-from proto.events import NodeEvent
-from proto.subjects import Subjects
-from proto.telemetry import QosInterfaceStatus, TelemetryBatch
+from metalguard.agent.config import parse_config
+from metalguard.agent.qos import tc_backend
+from metalguard.agent.service import AgentService
+from metalguard.controller.api.app import make_app
+from metalguard.controller.qos import QosStore
+from metalguard.proto.codec import decode
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
 from tests.integration.agent_proc import FIXTURE_SYSFS
 from tests.integration.api_env import ADMIN_TOKEN, READ_TOKEN, api_env
 from tests.integration.test_qos_netns import (

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from pyroute2 import IPRoute, netns
 
-from agent.qos import tc_backend
-from agent.qos.apply import QosTarget, apply_plan, verify
-from agent.qos.plan import InterfaceInfo, plan_interface
-from proto.qos import QosProfile, decode_profile
+from metalguard.agent.qos import tc_backend
+from metalguard.agent.qos.apply import QosTarget, apply_plan, verify
+from metalguard.agent.qos.plan import InterfaceInfo, plan_interface
+from metalguard.proto.qos import QosProfile, decode_profile
 
 METALGUARD = str(Path(sys.executable).parent / "metalguard")
 MISSING = [t for t in ("ip", "tc", "dcb") if shutil.which(t) is None]

@@ -10,13 +10,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agent.collectors.netdev import _LABELS, ClassLabel
-from agent.qos import tc_backend
-from agent.qos.apply import QosTarget
-from agent.qos.reconciler import QosReconciler
-from proto.base import NodeIdentity
-from proto.events import NodeEvent
-from proto.qos import QosProfile, decode_profile
+from metalguard.agent.collectors.netdev import _LABELS, ClassLabel
+from metalguard.agent.qos import tc_backend
+from metalguard.agent.qos.apply import QosTarget
+from metalguard.agent.qos.reconciler import QosReconciler
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.qos import QosProfile, decode_profile
 from tests.clock import ManualClock
 from tests.integration.test_qos_netns import (
     TRAINING_CLASS,

@@ -8,13 +8,13 @@ import asyncio
 import msgspec
 from nats.aio.client import Client
 
-from agent.qos.reconciler import QosReconciler
-from agent.qos.watch import ProfileWatcher
-from proto.base import NodeIdentity
-from proto.codec import encode
-from proto.events import NodeEvent
-from proto.qos import QosProfile, decode_profile
-from proto.subjects import Subjects
+from metalguard.agent.qos.reconciler import QosReconciler
+from metalguard.agent.qos.watch import ProfileWatcher
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import encode
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.qos import QosProfile, decode_profile
+from metalguard.proto.subjects import Subjects
 from tests.waiting import wait_until
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")

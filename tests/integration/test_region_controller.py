@@ -15,14 +15,14 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 
-from controller.region import RegionController
-from controller.state import NodeStore, StoreConflictError, outbox_key
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.events import ControllerEvent, NodeEvent
-from proto.nodes import NodeRecord
-from proto.subjects import Subjects
-from proto.telemetry import BmcReading, TelemetryBatch
+from metalguard.controller.region import RegionController
+from metalguard.controller.state.store import NodeStore, StoreConflictError, outbox_key
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import ControllerEvent, NodeEvent
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import BmcReading, TelemetryBatch
 from tests.clock import T0, ManualClock
 from tests.unit.scoring_helpers import DIMM_LABEL, dimm_mc
 from tests.waiting import wait_for_line, wait_for_value

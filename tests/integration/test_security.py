@@ -23,17 +23,17 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig
 
-from agent.publisher import Publisher, PublisherSettings
-from agent.spool import Spool
-from controller.natsserver import NatsServer
-from controller.region import RegionController
-from controller.service import start_ingest
-from controller.state import NodeStore
-from controller.streams import ensure_streams
-from proto.base import NodeIdentity
-from proto.codec import encode
-from proto.subjects import Subjects
-from proto.telemetry import TelemetryBatch
+from metalguard.agent.publisher import Publisher, PublisherSettings
+from metalguard.agent.spool import Spool
+from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.region import RegionController
+from metalguard.controller.service import start_ingest
+from metalguard.controller.state.store import NodeStore
+from metalguard.controller.state.streams import ensure_streams
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import encode
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import TelemetryBatch
 from tests.unit.scoring_helpers import dimm_mc
 from tests.waiting import wait_until
 

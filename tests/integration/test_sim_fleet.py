@@ -8,9 +8,9 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from agent.sim.fleet import SimFleet
-from agent.sim.scenario import parse_scenario
-from proto.subjects import Subjects
+from metalguard.demo.sim.fleet import SimFleet
+from metalguard.demo.sim.scenario import parse_scenario
+from metalguard.proto.subjects import Subjects
 from tests.waiting import wait_for_value, wait_until
 
 

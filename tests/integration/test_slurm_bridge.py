@@ -22,14 +22,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from controller.api import make_app
-from controller.slurm.bridge import SlurmBridge
-from controller.slurm.config import BridgeConfig, JobsSection, SlurmSection
-from controller.slurm.runner import SlurmRunner
-from controller.slurm.tools import SlurmTools
-from proto.codec import decode
-from proto.events import ControllerEvent, NodeEvent
-from proto.subjects import Subjects
+from metalguard.controller.api.app import make_app
+from metalguard.controller.slurm.bridge import SlurmBridge
+from metalguard.controller.slurm.config import BridgeConfig, JobsSection, SlurmSection
+from metalguard.controller.slurm.runner import SlurmRunner
+from metalguard.controller.slurm.tools import SlurmTools
+from metalguard.proto.codec import decode
+from metalguard.proto.events import ControllerEvent, NodeEvent
+from metalguard.proto.subjects import Subjects
 from tests.integration.api_env import ADMIN_TOKEN, ApiEnv, api_env, batch
 from tests.integration.test_slurm_harness import DEAD_NODE, NODE, SlurmCluster, slurm
 from tests.waiting import wait_for_value, wait_until

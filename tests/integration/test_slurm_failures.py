@@ -10,14 +10,14 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from controller.slurm.bridge import SlurmBridge
-from controller.slurm.config import BridgeConfig, SlurmSection
-from controller.slurm.runner import SlurmRunner
-from controller.slurm.tools import SlurmTools
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.events import ControllerEvent
-from proto.subjects import Subjects
+from metalguard.controller.slurm.bridge import SlurmBridge
+from metalguard.controller.slurm.config import BridgeConfig, SlurmSection
+from metalguard.controller.slurm.runner import SlurmRunner
+from metalguard.controller.slurm.tools import SlurmTools
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.subjects import Subjects
 from tests.waiting import wait_for_line, wait_for_value
 
 DEADLINE_S = 10.0

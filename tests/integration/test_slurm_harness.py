@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.slurm.parse import (
+from metalguard.controller.slurm.parse import (
     SQUEUE_TEXT_FORMAT,
     SlurmJob,
     SlurmNode,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import REGISTRY, CollectorSettings, run_guarded
-from agent.collectors.smart import ProcessResult, SmartCollector, SmartctlError
-from agent.collectors.smart_parse import ScanEntry
-from proto.telemetry import SmartDevice
+from metalguard.agent.collectors.base import REGISTRY, CollectorSettings, run_guarded
+from metalguard.agent.collectors.smart import ProcessResult, SmartCollector, SmartctlError
+from metalguard.agent.collectors.smart_parse import ScanEntry
+from metalguard.proto.telemetry import SmartDevice
 from tests.conftest import FIXTURES
 from tests.waiting import wait_until
 

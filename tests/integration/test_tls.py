@@ -22,13 +22,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from nats.aio.client import Client
 
-from agent.connection import Connection, NatsSettings
-from controller.api_server import start_api
-from controller.config import HttpSection, NatsSection
-from controller.leader import Leadership
-from controller.natsserver import NatsServer
-from controller.service import connect_options
-from proto.subjects import Subjects
+from metalguard.agent.connection import Connection, NatsSettings
+from metalguard.controller.api.server import start_api
+from metalguard.controller.config import HttpSection, NatsSection
+from metalguard.controller.leader import Leadership
+from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.service import connect_options
+from metalguard.proto.subjects import Subjects
 from tests.integration.api_env import ADMIN_TOKEN, FLEET, READ_TOKEN, api_env
 
 DEADLINE_S = 10.0
@@ -194,7 +194,7 @@ async def test_https_api_refuses_and_logs_writes_without_the_admin_token(
     trust = ssl.create_default_context(cafile=str(pki.ca))
     cordon = f"{https_api}/v1/nodes/r1.c1.n1/cordon"
     body = {"reason": "test"}
-    caplog.set_level(logging.WARNING, logger="controller.api")
+    caplog.set_level(logging.WARNING, logger="metalguard.controller.api.app")
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{https_api}/healthz", ssl=trust) as r:
             assert r.status == 200

@@ -14,9 +14,9 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from proto.codec import decode
-from proto.events import NodeEvent
-from proto.subjects import Subjects
+from metalguard.proto.codec import decode
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.subjects import Subjects
 from tests.integration.agent_proc import AgentProcess, NotifySocket, write_agent_config
 
 DEADLINE_S = 2.0
@@ -67,7 +67,10 @@ async def test_veth_add_and_remove_reach_nats_within_2s(
     tmp_path: Path, nats_url: str, nc: Client, subjects: Subjects
 ) -> None:
     config = write_agent_config(
-        tmp_path / "agent.toml", nats_url=nats_url, spool_dir=tmp_path / "spool", node="udev1"
+        tmp_path / "agent.toml",
+        nats_url=nats_url,
+        spool_dir=tmp_path / "spool",
+        node="udev1",
     )
     text = config.read_text().replace("[nats]\n", f'[nats]\nprefix = "{subjects.prefix}"\n', 1)
     config.write_text(text + '\n[events]\nudev = true\nudev_subsystems = ["net"]\n')

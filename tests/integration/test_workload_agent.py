@@ -18,13 +18,13 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from controller.natsserver import NatsServer
-from controller.streams import ensure_streams
 from examples import trainer
-from proto.base import AttrValue, NodeIdentity
-from proto.codec import decode, encode
-from proto.events import Command, CommandReply, NodeEvent
-from proto.subjects import Subjects
+from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.state.streams import ensure_streams
+from metalguard.proto.base import AttrValue, NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import Command, CommandReply, NodeEvent
+from metalguard.proto.subjects import Subjects
 from tests.integration.agent_proc import AgentProcess, write_agent_config
 from tests.waiting import wait_for_value, wait_until
 

@@ -6,10 +6,10 @@ import os
 import sys
 from pathlib import Path
 
-from agent.workload.runner import LaunchSpec, Runner, RunnerSettings
 from examples import trainer
-from proto.base import NodeIdentity
-from proto.events import NodeEvent
+from metalguard.agent.workload.runner import LaunchSpec, Runner, RunnerSettings
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.events import NodeEvent
 from tests.waiting import wait_until
 
 ME = NodeIdentity(region="r1", cluster="c1", node="n1")

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agent.sysfs import OsCalls
+from metalguard.agent.sysfs import OsCalls
 
 
 @dataclass

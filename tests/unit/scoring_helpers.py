@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from controller.scoring import Assessment, NodeSignals, assess
-from controller.scoring_config import DEFAULT_SCORING, ScoringConfig
-from proto.base import NodeIdentity, Reason
-from proto.telemetry import (
+from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringConfig
+from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, assess
+from metalguard.proto.base import NodeIdentity, Reason
+from metalguard.proto.telemetry import (
     AerCounters,
     BmcReading,
     BmcSensor,

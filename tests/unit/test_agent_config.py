@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig, ConfigError, load_config, parse_config
+from metalguard.agent.config import AgentConfig, ConfigError, load_config, parse_config
 
 EXAMPLE = Path(__file__).parents[2] / "systemd" / "agent.toml"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.api_server import load_tokens, parse_listen
-from controller.config import ConfigError, HttpSection, parse_config
+from metalguard.controller.api.server import load_tokens, parse_listen
+from metalguard.controller.config import ConfigError, HttpSection, parse_config
 
 
 def test_http_section_is_optional_and_has_defaults() -> None:

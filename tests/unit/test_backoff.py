@@ -11,8 +11,8 @@ from urllib.parse import urlparse
 import pytest
 from nats.aio.client import Client, Server
 
-from agent.backoff import Backoff, guarded_task
-from agent.connection import Connection, NatsSettings
+from metalguard.agent.backoff import Backoff, guarded_task
+from metalguard.agent.connection import Connection, NatsSettings
 
 
 class SleepRecorder:
@@ -57,7 +57,7 @@ async def test_guarded_task_logs_a_crash_and_restarts(caplog: pytest.LogCaptureF
             raise RuntimeError(f"boom {runs}")
 
     sleep = SleepRecorder()
-    with caplog.at_level(logging.ERROR, logger="agent.backoff"):
+    with caplog.at_level(logging.ERROR, logger="metalguard.agent.backoff"):
         task = guarded_task("t", body, backoff=Backoff(1, 8, random.Random(1)), sleep=sleep)
         await asyncio.wait_for(task, 5)
     assert runs == 3

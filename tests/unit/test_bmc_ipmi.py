@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from agent.bmc import ipmi
-from proto.telemetry import BmcSensor
+from metalguard.agent.bmc import ipmi
+from metalguard.proto.telemetry import BmcSensor
 from tests.conftest import FIXTURES
 
 BMC = FIXTURES / "bmc"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.bmc import ipmi
-from agent.bmc.targets import BmcTarget
+from metalguard.agent.bmc import ipmi
+from metalguard.agent.bmc.targets import BmcTarget
 from tests.conftest import FIXTURES
 
 ELIST = FIXTURES / "bmc" / "telegraf_ipmitool_sdr_elist_v2_with_errors.txt"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agent.bmc import redfish
-from agent.bmc.targets import BmcTarget
-from proto.telemetry import BmcSensor
+from metalguard.agent.bmc import redfish
+from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.proto.telemetry import BmcSensor
 from tests.conftest import FIXTURES
 
 MOCKUP = FIXTURES / "redfish" / "public-rackmount1" / "redfish" / "v1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.bmc.snmp_profiles import (
+from metalguard.agent.bmc.snmp_profiles import (
     ENTITY_SENSOR,
     IDRAC_PROFILE,
     PROFILES,
@@ -15,7 +15,7 @@ from agent.bmc.snmp_profiles import (
     profile_named,
     worst_status,
 )
-from proto.telemetry import BmcSensor
+from metalguard.proto.telemetry import BmcSensor
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.bmc import targets as targets_module
-from agent.bmc.credentials import CredentialsError, load_credentials, parse_credentials
-from agent.bmc.proxy import BmcProxy, oob_msg_id, reading_batch
-from agent.bmc.targets import UNAVAILABLE, BmcTarget, read_target, reader_for
-from agent.config import ConfigError, parse_config
-from agent.publisher import batch_msg_id
-from proto.codec import decode, encode
-from proto.telemetry import BmcReading, BmcSensor, TelemetryBatch
+from metalguard.agent.bmc import targets as targets_module
+from metalguard.agent.bmc.credentials import CredentialsError, load_credentials, parse_credentials
+from metalguard.agent.bmc.proxy import BmcProxy, oob_msg_id, reading_batch
+from metalguard.agent.bmc.targets import UNAVAILABLE, BmcTarget, read_target, reader_for
+from metalguard.agent.config import ConfigError, parse_config
+from metalguard.agent.publisher import batch_msg_id
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.telemetry import BmcReading, BmcSensor, TelemetryBatch
 
 SNMP = """
 [[bmc]]
@@ -122,7 +122,7 @@ def test_missing_credentials_file_is_named(tmp_path: Path) -> None:
 
 
 def test_snmp_reader_is_found() -> None:
-    from agent.bmc.snmp import read_bmc
+    from metalguard.agent.bmc.snmp import read_bmc
 
     assert reader_for("snmp") is read_bmc
     assert reader_for("telnet") is None
@@ -131,7 +131,7 @@ def test_snmp_reader_is_found() -> None:
 async def test_missing_protocol_module_reads_not_available(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(targets_module.READERS, "ipmi", "agent.bmc.no_such_module")
+    monkeypatch.setitem(targets_module.READERS, "ipmi", "metalguard.agent.bmc.no_such_module")
     target = BmcTarget(node="r.c.n", address="10.0.0.1", protocol="ipmi")
     reading = await read_target(target)
     assert reading == BmcReading(

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proto.base import SCHEMA_VERSION, TAG_FIELD, NodeIdentity
-from proto.codec import CodecError, decode, decode_json, encode, encode_json
-from proto.messages import MESSAGE_TYPES, TAGS, AnyMessage
-from proto.qos import QosProfile
-from proto.subjects import SubjectError, check_token
-from proto.telemetry import TelemetryBatch
+from metalguard.proto.base import SCHEMA_VERSION, TAG_FIELD, NodeIdentity
+from metalguard.proto.codec import CodecError, decode, decode_json, encode, encode_json
+from metalguard.proto.messages import MESSAGE_TYPES, TAGS, AnyMessage
+from metalguard.proto.qos import QosProfile
+from metalguard.proto.subjects import SubjectError, check_token
+from metalguard.proto.telemetry import TelemetryBatch
 
 INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1

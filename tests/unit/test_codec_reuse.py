@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.ingest import REUSED_SECTIONS
-from proto.base import NodeIdentity
-from proto.codec import CodecError, SectionReuse, decode, encode
-from proto.telemetry import EdacController, TelemetryBatch
+from metalguard.controller.ingest.consumer import REUSED_SECTIONS
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import CodecError, SectionReuse, decode, encode
+from metalguard.proto.telemetry import EdacController, TelemetryBatch
 from tests.unit.scoring_helpers import batch
 from tests.unit.test_scoring_fast_path import node_batches
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from agent.collectors import load_builtin
-from agent.collectors.base import REGISTRY, CollectorSettings
+from metalguard.agent.collectors import load_builtin
+from metalguard.agent.collectors.base import REGISTRY, CollectorSettings
 
 
 def test_package_import_is_light() -> None:
     code = (
         "import sys, agent.collectors\n"
         "bad = [m for m in sys.modules if m.startswith('agent.collectors.') and m != "
-        "'agent.collectors.base'] + [m for m in ('nats', 'aiohttp', 'pysnmp', 'pyudev', "
+        "'metalguard.agent.collectors.base'] + [m for m in ('nats', 'aiohttp', 'pysnmp', 'pyudev', "
         "'pyroute2') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )

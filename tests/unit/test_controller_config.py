@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import ConfigError, load_config, parse_config
-from controller.lifecycle import LifecycleConfig
-from controller.scoring_config import DEFAULT_SCORING
+from metalguard.controller.config import ConfigError, load_config, parse_config
+from metalguard.controller.core.lifecycle import LifecycleConfig
+from metalguard.controller.core.scoring.config import DEFAULT_SCORING
 from tests.unit.test_systemd_unit import parse_unit
 
 ROOT = Path(__file__).parents[2]
@@ -66,7 +66,7 @@ def test_errors_name_file_key_and_problem(text: str, message: str) -> None:
 
 
 def test_ingest_section_is_the_ingest_settings_and_what_the_process_owns() -> None:
-    from controller.service import ingest_settings
+    from metalguard.controller.service import ingest_settings
 
     cfg = parse_config(
         'region = "r1"\n[ingest]\nclusters = ["c1", "c3"]\nshard_index = 0\nshard_count = 2\n'

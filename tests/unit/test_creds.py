@@ -8,8 +8,8 @@ from pathlib import Path
 import nkeys  # type: ignore[import-untyped]
 import pytest
 
-from controller.cli import main
-from controller.creds import (
+from metalguard.cli import main
+from metalguard.controller.creds.permissions import (
     CredsState,
     User,
     controller_permissions,
@@ -19,7 +19,7 @@ from controller.creds import (
     subscriber_permissions,
     with_user,
 )
-from controller.creds_store import CONF_FILE, CredsError, add, init, load
+from metalguard.controller.creds.store import CONF_FILE, CredsError, add, init, load
 
 
 def test_a_node_publishes_only_its_own_subjects_and_hears_only_its_commands() -> None:

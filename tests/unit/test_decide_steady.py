@@ -10,13 +10,13 @@ import msgspec
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from controller.decide import NodeInput, batch_input, decide, steady, steady_batch
-from controller.lifecycle import LifecycleConfig, Observation
-from controller.rules import Finding
-from controller.scoring import Assessment
-from proto.base import NodeIdentity, Reason
-from proto.nodes import NodeRecord
-from proto.telemetry import TelemetryBatch
+from metalguard.controller.core.decide import NodeInput, batch_input, decide, steady, steady_batch
+from metalguard.controller.core.lifecycle import LifecycleConfig, Observation
+from metalguard.controller.core.rules import Finding
+from metalguard.controller.core.scoring.engine import Assessment
+from metalguard.proto.base import NodeIdentity, Reason
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.telemetry import TelemetryBatch
 
 CFG = LifecycleConfig()
 T0 = 1_800_000_000.0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import build_parser
+from metalguard.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import Collected, CollectorSettings, run_guarded
-from agent.collectors.edac import EdacCollector, parse_controller, parse_count
-from agent.sysfs import SysfsReader
-from proto.telemetry import EdacChannel, EdacController, EdacCsrow, EdacDimm
+from metalguard.agent.collectors.base import Collected, CollectorSettings, run_guarded
+from metalguard.agent.collectors.edac import EdacCollector, parse_controller, parse_count
+from metalguard.agent.sysfs import SysfsReader
+from metalguard.proto.telemetry import EdacChannel, EdacController, EdacCsrow, EdacDimm
 from tests.unit.faultyos import FaultyOs
 from tests.unit.promtext import NODE_EXPORTER_SYS, load_expected, series
 

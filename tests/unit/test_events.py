@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.events import detect_events
-from proto.base import NodeIdentity
-from proto.telemetry import (
+from metalguard.agent.events import detect_events
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.telemetry import (
     AerCounters,
     EdacController,
     EdacDimm,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from controller.federation import FleetView, find_uuid, summarize
-from controller.scheduler import FleetNode
-from proto.base import NodeIdentity
-from proto.federation import GpuCapacity
-from proto.nodes import NodeRecord
+from metalguard.controller.federation.service import FleetView, find_uuid, summarize
+from metalguard.controller.jobs.scheduler import FleetNode
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.federation import GpuCapacity
+from metalguard.proto.nodes import NodeRecord
 
 T0 = 1_800_000_000.0
 

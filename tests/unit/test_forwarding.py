@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from controller.forwarding import (
+from metalguard.controller.federation.forwarding import (
     RegionOffer,
     choose_region,
     effective_latency,
@@ -14,8 +14,8 @@ from controller.forwarding import (
     median,
     why_not,
 )
-from proto.federation import GpuCapacity, RegionSummary
-from proto.jobs import Job
+from metalguard.proto.federation import GpuCapacity, RegionSummary
+from metalguard.proto.jobs import Job
 
 
 def summary(

@@ -10,14 +10,14 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from agent.collectors.base import REGISTRY, Collected
-from agent.collectors.gpu import GpuCollector, XidWatcher
-from agent.collectors.gpu_parse import XID_TABLE, pci_address, pcie_downgraded, xid_info
-from agent.events import detect_events
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.events import NODE_EVENT_KINDS, NodeEvent
-from proto.telemetry import GpuDevice, TelemetryBatch
+from metalguard.agent.collectors.base import REGISTRY, Collected
+from metalguard.agent.collectors.gpu import GpuCollector, XidWatcher
+from metalguard.agent.collectors.gpu_parse import XID_TABLE, pci_address, pcie_downgraded, xid_info
+from metalguard.agent.events import detect_events
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import NODE_EVENT_KINDS, NodeEvent
+from metalguard.proto.telemetry import GpuDevice, TelemetryBatch
 from tests.unit.fake_nvml import FakeGpu, FakeNvml
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
@@ -179,7 +179,7 @@ async def test_no_driver_library_reports_once_quietly_and_stays_off(
 ) -> None:
     fake = FakeNvml(init_error=FakeNvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     collector = GpuCollector(nvml=fake)
-    with caplog.at_level(logging.WARNING, logger="agent.collectors.gpu"):
+    with caplog.at_level(logging.WARNING, logger="metalguard.agent.collectors.gpu"):
         first = await collector.collect()
         second = await collector.collect()
     assert first == second == Collected(field="gpu")
@@ -217,7 +217,7 @@ async def test_a_lost_gpu_is_an_error_entry_and_the_others_are_read() -> None:
 
 
 def test_registered_and_event_kinds_declared() -> None:
-    from agent.collectors import load_builtin
+    from metalguard.agent.collectors import load_builtin
 
     load_builtin()
     assert REGISTRY["gpu"].default_interval_s == 5

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import Collected, CollectorSettings, run_guarded
-from agent.collectors.hwmon import (
+from metalguard.agent.collectors.base import Collected, CollectorSettings, run_guarded
+from metalguard.agent.collectors.hwmon import (
     ChipPaths,
     HwmonCollector,
     base_chip_name,
@@ -19,8 +19,8 @@ from agent.collectors.hwmon import (
     parse_chip,
     parse_number,
 )
-from agent.sysfs import SysfsReader
-from proto.telemetry import Fan, HwmonChip, Temperature
+from metalguard.agent.sysfs import SysfsReader
+from metalguard.proto.telemetry import Fan, HwmonChip, Temperature
 from tests.unit.faultyos import FaultyOs
 from tests.unit.promtext import NODE_EXPORTER_SYS, load_expected, series
 

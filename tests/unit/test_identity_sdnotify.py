@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.identity import parse_uuid, read_node_uuid, token_from_hostname
-from agent.sdnotify import notify, watchdog_interval_s
+from metalguard.agent.identity import parse_uuid, read_node_uuid, token_from_hostname
+from metalguard.agent.sdnotify import notify, watchdog_interval_s
 
 
 @pytest.mark.parametrize(

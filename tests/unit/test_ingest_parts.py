@@ -7,16 +7,16 @@ import asyncio
 
 import pytest
 
-from controller.ingest_dispatch import NodeDispatcher
-from controller.ingest_metrics import IngestMetrics, RateLimiter
-from controller.ingest_settings import (
+from metalguard.controller.ingest.dispatch import NodeDispatcher
+from metalguard.controller.ingest.metrics import IngestMetrics, RateLimiter
+from metalguard.controller.ingest.settings import (
     IngestSettings,
     StreamKind,
     durable_name,
     filter_subjects,
     shard_of,
 )
-from proto.subjects import Subjects
+from metalguard.proto.subjects import Subjects
 from tests.clock import ManualClock
 
 

@@ -9,11 +9,11 @@ import msgspec
 import pytest
 from msgspec.structs import replace
 
-from controller import jobs_machine as m
-from controller.jobs_spec import JobRejectedError, parse_job
-from proto.codec import decode, encode
-from proto.events import CommandReply
-from proto.jobs import JOB_EVENT_KINDS, CheckpointRef, Job, JobStatus
+from metalguard.controller.jobs import machine as m
+from metalguard.controller.jobs.spec import JobRejectedError, parse_job
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import CommandReply
+from metalguard.proto.jobs import JOB_EVENT_KINDS, CheckpointRef, Job, JobStatus
 from tests.clock import T0
 
 NODES = ("r.c.n1", "r.c.n2")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.leader import LeaderStatus, LeaseTiming, expires_in, holding, lease_key
+from metalguard.controller.leader import LeaderStatus, LeaseTiming, expires_in, holding, lease_key
 
 TIMING = LeaseTiming(ttl_s=10.0, renew_s=3.0, poll_s=0.5, margin_s=1.0)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.api_server import https_context
-from controller.config import ConfigError, HttpSection, parse_config
+from metalguard.controller.api.server import https_context
+from metalguard.controller.config import ConfigError, HttpSection, parse_config
 
 
 def test_ha_section_names_the_instance_and_its_timing() -> None:

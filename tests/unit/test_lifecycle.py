@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.lifecycle import (
+from metalguard.controller.core.lifecycle import (
     KIND_ENTERING,
     SECONDS_PER_DAY,
     AssessedGrade,
@@ -28,10 +28,10 @@ from controller.lifecycle import (
     to_event,
     update_jobs,
 )
-from proto.base import NodeIdentity, Reason
-from proto.codec import decode, encode
-from proto.events import CONTROLLER_EVENT_KINDS, ControllerEvent
-from proto.nodes import NodeRecord
+from metalguard.proto.base import NodeIdentity, Reason
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import CONTROLLER_EVENT_KINDS, ControllerEvent
+from metalguard.proto.nodes import NodeRecord
 
 CFG = LifecycleConfig()
 INTERVAL = 10.0

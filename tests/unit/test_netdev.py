@@ -16,8 +16,8 @@ from typing import cast
 import msgspec
 import pytest
 
-from agent.collectors.base import Collected, CollectorSettings
-from agent.collectors.netdev import (
+from metalguard.agent.collectors.base import Collected, CollectorSettings
+from metalguard.agent.collectors.netdev import (
     ClassLabel,
     NetdevCollector,
     _raw,
@@ -25,7 +25,7 @@ from agent.collectors.netdev import (
     interface,
     leaf_marks,
 )
-from agent.collectors.netdev_parse import (
+from metalguard.agent.collectors.netdev_parse import (
     classid,
     ecn_marks,
     parse_ethtool_stats,
@@ -33,9 +33,9 @@ from agent.collectors.netdev_parse import (
     pause_totals,
     selected,
 )
-from controller.scoring import assess
-from proto.codec import decode_json
-from proto.telemetry import NetInterface, TcClassStats, TelemetryBatch
+from metalguard.controller.core.scoring.engine import assess
+from metalguard.proto.codec import decode_json
+from metalguard.proto.telemetry import NetInterface, TcClassStats, TelemetryBatch
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.collectors.base import Collected, CollectorSettings, run_guarded
-from agent.collectors.pcie import (
+from metalguard.agent.collectors.base import Collected, CollectorSettings, run_guarded
+from metalguard.agent.collectors.pcie import (
     LinkHistory,
     PcieCollector,
     is_downgraded,
@@ -22,8 +22,8 @@ from agent.collectors.pcie import (
     parse_link_width,
     track_links,
 )
-from agent.sysfs import SysfsReader
-from proto.telemetry import AerCounters, PcieDevice
+from metalguard.agent.sysfs import SysfsReader
+from metalguard.proto.telemetry import AerCounters, PcieDevice
 from tests.unit.faultyos import FaultyOs
 from tests.unit.promtext import FIXTURES, NODE_EXPORTER_SYS, load_expected, series
 

@@ -8,20 +8,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-import proto.base
-import proto.events
-import proto.jobs
-import proto.nodes
-import proto.qos
-import proto.telemetry
-from proto.messages import MESSAGE_TYPES
+from metalguard.proto import base, events, jobs, nodes, qos, telemetry
+from metalguard.proto.messages import MESSAGE_TYPES
 
 DOC = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
 
 
 def _structs() -> list[type[msgspec.Struct]]:
     found: list[type[msgspec.Struct]] = []
-    for module in (proto.base, proto.telemetry, proto.events, proto.qos, proto.jobs, proto.nodes):
+    for module in (base, telemetry, events, qos, jobs, nodes):
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if not issubclass(obj, msgspec.Struct) or obj.__module__ != module.__name__:
                 continue

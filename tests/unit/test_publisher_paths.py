@@ -13,11 +13,11 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import PubAck
 
-from agent.publisher import Publisher, PublisherSettings
-from agent.spool import Spool
-from proto.base import NodeIdentity
-from proto.events import NodeEvent
-from proto.telemetry import TelemetryBatch
+from metalguard.agent.publisher import Publisher, PublisherSettings
+from metalguard.agent.spool import Spool
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.telemetry import TelemetryBatch
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
 

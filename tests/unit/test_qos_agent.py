@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ConfigError, parse_config
-from agent.qos.apply import QosTarget, apply_plan
-from agent.qos.plan import InterfaceInfo, plan_interface
-from agent.qos.reconciler import QosReconciler
-from agent.qos.tc_backend import NETNS_DIR
-from proto.base import NodeIdentity
-from proto.events import NODE_EVENT_KINDS, NodeEvent
-from proto.qos import decode_profile
+from metalguard.agent.config import ConfigError, parse_config
+from metalguard.agent.qos.apply import QosTarget, apply_plan
+from metalguard.agent.qos.plan import InterfaceInfo, plan_interface
+from metalguard.agent.qos.reconciler import QosReconciler
+from metalguard.agent.qos.tc_backend import NETNS_DIR
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.events import NODE_EVENT_KINDS, NodeEvent
+from metalguard.proto.qos import decode_profile
 
 PROFILE = decode_profile(
     "version = 4\nlink_rate_mbit = 100\n"

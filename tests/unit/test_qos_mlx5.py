@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.qos import mlx5_backend
-from agent.qos.apply import QosTarget, apply_plan, verify
-from agent.qos.plan import InterfaceInfo, plan_interface
-from proto.qos import decode_profile
+from metalguard.agent.qos import mlx5_backend
+from metalguard.agent.qos.apply import QosTarget, apply_plan, verify
+from metalguard.agent.qos.plan import InterfaceInfo, plan_interface
+from metalguard.proto.qos import decode_profile
 
 PROFILE = decode_profile(
     """

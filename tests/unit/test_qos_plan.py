@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agent.qos.apply import PartResult, judge
-from agent.qos.dcb_backend import DcbState, _tc_bw, expected_state
-from agent.qos.dcb_backend import differences as dcb_differences
-from agent.qos.plan import (
+from metalguard.agent.qos.apply import PartResult, judge
+from metalguard.agent.qos.dcb_backend import DcbState, _tc_bw, expected_state
+from metalguard.agent.qos.dcb_backend import differences as dcb_differences
+from metalguard.agent.qos.plan import (
     InterfaceInfo,
     plan_all,
     plan_interface,
@@ -16,9 +16,9 @@ from agent.qos.plan import (
     u32_ipv4_key,
     u32_ipv6_key,
 )
-from agent.qos.tc_backend import TcState, _dscp_of, differences
-from agent.qos.tc_backend import expected_state as tc_expected
-from proto.qos import decode_profile
+from metalguard.agent.qos.tc_backend import TcState, _dscp_of, differences
+from metalguard.agent.qos.tc_backend import expected_state as tc_expected
+from metalguard.proto.qos import decode_profile
 
 PROFILE = decode_profile(
     """

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from proto import codec
-from proto.qos import (
+from metalguard.proto import codec
+from metalguard.proto.qos import (
     Dcqcn,
     EcnMarking,
     InterfaceMatch,

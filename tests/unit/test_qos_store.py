@@ -6,10 +6,10 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
-from controller.qos import QosStore, VersionConflictError, profile_key, version_problem
-from proto.codec import decode, encode
-from proto.qos import QosProfile, TrafficClass
-from proto.subjects import Subjects
+from metalguard.controller.qos import QosStore, VersionConflictError, profile_key, version_problem
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.qos import QosProfile, TrafficClass
+from metalguard.proto.subjects import Subjects
 
 
 def profile(version: int, share: float = 100.0) -> QosProfile:

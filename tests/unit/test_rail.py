@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.lifecycle import (
+from metalguard.controller.core.lifecycle import (
     AssessedGrade,
     Decision,
     LifecycleConfig,
@@ -21,11 +21,11 @@ from controller.lifecycle import (
     operator,
     to_event,
 )
-from controller.rail import apply_rail, rail_limit
-from proto.base import NodeIdentity, Reason
-from proto.codec import decode, encode
-from proto.events import ControllerEvent
-from proto.nodes import NodeRecord, RailState
+from metalguard.controller.core.rail import apply_rail, rail_limit
+from metalguard.proto.base import NodeIdentity, Reason
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.nodes import NodeRecord, RailState
 
 CFG = LifecycleConfig()
 WINDOW = CFG.rail_window_s

@@ -7,7 +7,7 @@ from dataclasses import replace
 import msgspec
 import pytest
 
-from controller.decide import (
+from metalguard.controller.core.decide import (
     NodeInput,
     Outcome,
     batch_input,
@@ -16,13 +16,13 @@ from controller.decide import (
     decide_silence,
     event_input,
 )
-from controller.lifecycle import AssessedGrade, LifecycleConfig, Observation
-from controller.scoring import assess
-from controller.state import handle_of
-from proto.base import NodeIdentity, Reason
-from proto.events import NodeEvent
-from proto.nodes import NodeRecord
-from proto.telemetry import TelemetryBatch
+from metalguard.controller.core.lifecycle import AssessedGrade, LifecycleConfig, Observation
+from metalguard.controller.core.scoring.engine import assess
+from metalguard.controller.state.store import handle_of
+from metalguard.proto.base import NodeIdentity, Reason
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.telemetry import TelemetryBatch
 from tests.unit.scoring_helpers import dimm_mc
 
 CFG = LifecycleConfig()

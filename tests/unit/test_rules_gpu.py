@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from controller.rules.gpu import counters
-from controller.scoring_config import Severity
-from proto.telemetry import GpuDevice, NvLinkErrors
+from metalguard.controller.core.rules.gpu import counters
+from metalguard.controller.core.scoring.config import Severity
+from metalguard.proto.telemetry import GpuDevice, NvLinkErrors
 from tests.unit.scoring_helpers import Step, batch, by_rule, run
 
 

@@ -12,9 +12,13 @@ from typing import Any
 
 import pytest
 
-from controller.rules.network import counters
-from controller.scoring_config import DEFAULT_SCORING, Severity, parse_scoring_config
-from proto.telemetry import NetInterface, TcClassStats
+from metalguard.controller.core.rules.network import counters
+from metalguard.controller.core.scoring.config import (
+    DEFAULT_SCORING,
+    Severity,
+    parse_scoring_config,
+)
+from metalguard.proto.telemetry import NetInterface, TcClassStats
 from tests.unit.scoring_helpers import Step, batch, by_rule, run
 
 WINDOW = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controller.scheduler import (
+from metalguard.controller.jobs.scheduler import (
     FleetIndex,
     FleetNode,
     JobRequest,
@@ -14,7 +14,7 @@ from controller.scheduler import (
     request_from_job,
     schedule_queue,
 )
-from proto.jobs import Job
+from metalguard.proto.jobs import Job
 
 
 def _fleet(racks: dict[tuple[str, str], int], **caps: object) -> list[FleetNode]:

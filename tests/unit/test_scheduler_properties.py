@@ -9,7 +9,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.scheduler import (
+from metalguard.controller.jobs.scheduler import (
     LEVELS,
     FleetNode,
     JobRequest,

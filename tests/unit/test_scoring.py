@@ -9,9 +9,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from controller.rules.disks import GROWTH_RULES
-from controller.scoring_config import RULE_KEYS, Severity
-from proto.telemetry import CollectorError, CollectorRun, EdacController, EdacCsrow
+from metalguard.controller.core.rules.disks import GROWTH_RULES
+from metalguard.controller.core.scoring.config import RULE_KEYS, Severity
+from metalguard.proto.telemetry import CollectorError, CollectorRun, EdacController, EdacCsrow
 from tests.unit.scoring_helpers import (
     DIMM_LABEL,
     Step,

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from controller.scoring_config import (
+from metalguard.controller.core.scoring.config import (
     DEFAULT_SCORING,
     RULE_KEYS,
     ScoringConfig,

@@ -11,12 +11,18 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.rules import COUNTER_SOURCES, RULES, Context
-from controller.rules.base import GROWTH_ONLY_RULES
-from controller.scoring import READING_RULES, Assessment, NodeSignals, assess, summarize
-from controller.scoring_config import DEFAULT_SCORING
-from controller.scoring_signals import fingerprint, observe
-from proto.telemetry import (
+from metalguard.controller.core.rules import COUNTER_SOURCES, RULES, Context
+from metalguard.controller.core.rules.base import GROWTH_ONLY_RULES
+from metalguard.controller.core.scoring.config import DEFAULT_SCORING
+from metalguard.controller.core.scoring.engine import (
+    READING_RULES,
+    Assessment,
+    NodeSignals,
+    assess,
+    summarize,
+)
+from metalguard.controller.core.scoring.signals import fingerprint, observe
+from metalguard.proto.telemetry import (
     EdacController,
     EdacDimm,
     GpuDevice,
@@ -149,7 +155,7 @@ def test_a_quiet_node_skips_the_growth_rules_and_a_storm_does_not() -> None:
 def test_observe_steady_path_equals_the_long_way(
     readings: list[tuple[dict[str, int], bool]], gaps: list[float]
 ) -> None:
-    from controller.scoring_signals import _observe
+    from metalguard.controller.core.scoring.signals import _observe
 
     signals: NodeSignals | None = None
     ts = 0.0

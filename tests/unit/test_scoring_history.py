@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.scoring import NodeSignals
-from controller.scoring_config import parse_scoring_config
-from controller.scoring_signals import observe
+from metalguard.controller.core.scoring.config import parse_scoring_config
+from metalguard.controller.core.scoring.engine import NodeSignals
+from metalguard.controller.core.scoring.signals import observe
 from tests.unit.scoring_helpers import T0, by_rule, dimm_mc, pci, run
 
 CE = "edac.mc0.dimm0.ce"

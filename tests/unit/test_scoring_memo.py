@@ -12,12 +12,12 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.rules import COUNTER_SOURCES, RULES, Context
-from controller.rules.base import READS
-from controller.scoring import Assessment, NodeSignals, ScoringMemo, assess
-from controller.scoring_config import DEFAULT_SCORING, ScoringConfig
-from controller.scoring_signals import observe
-from proto.telemetry import EdacController, EdacDimm, TelemetryBatch
+from metalguard.controller.core.rules import COUNTER_SOURCES, RULES, Context
+from metalguard.controller.core.rules.base import READS
+from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringConfig
+from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, ScoringMemo, assess
+from metalguard.controller.core.scoring.signals import observe
+from metalguard.proto.telemetry import EdacController, EdacDimm, TelemetryBatch
 from tests.unit.scoring_helpers import batch, pci
 from tests.unit.test_scoring_fast_path import node_batches
 

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.config import AgentConfig, CollectSection
-from agent.oneshot import collect_once
-from controller.rules import Finding
-from controller.scoring import Assessment, assess, grade_for, summarize
-from controller.scoring_config import DEFAULT_SCORING, RULE_KEYS, SEVERITIES
-from proto.base import Reason
-from proto.telemetry import (
+from metalguard.agent.config import AgentConfig, CollectSection
+from metalguard.agent.oneshot import collect_once
+from metalguard.controller.core.rules import Finding
+from metalguard.controller.core.scoring.config import DEFAULT_SCORING, RULE_KEYS, SEVERITIES
+from metalguard.controller.core.scoring.engine import Assessment, assess, grade_for, summarize
+from metalguard.proto.base import Reason
+from metalguard.proto.telemetry import (
     AerCounters,
     BmcReading,
     BmcSensor,

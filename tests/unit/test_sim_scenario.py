@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.sim.faults import KNOWN_KINDS
-from agent.sim.fleet import SimFleet, fleet_names, node_name
-from agent.sim.scenario import (
+from metalguard.demo.sim.faults import KNOWN_KINDS
+from metalguard.demo.sim.fleet import SimFleet, fleet_names, node_name
+from metalguard.demo.sim.scenario import (
     Fault,
     Scenario,
     ScenarioError,

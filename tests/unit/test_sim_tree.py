@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.batch import build_batch
-from agent.collection import Collection
-from agent.collectors.base import CollectorSettings
-from agent.events import detect_events
-from agent.sim.faults import (
+from metalguard.agent.batch import build_batch
+from metalguard.agent.collection import Collection
+from metalguard.agent.collectors.base import CollectorSettings
+from metalguard.agent.events import detect_events
+from metalguard.controller.core.scoring.engine import assess
+from metalguard.controller.core.scoring.signals import NodeSignals
+from metalguard.demo.sim.faults import (
     KNOWN_KINDS,
     CeStorm,
     FaultError,
@@ -21,11 +23,15 @@ from agent.sim.faults import (
     apply_fault,
     write_atomic,
 )
-from agent.sim.tree import GPU_CLASS, NIC_CLASS_IB, NodeSpec, NodeTree, layout, write_tree
-from controller.scoring import assess
-from controller.scoring_signals import NodeSignals
-from proto.base import NodeIdentity
-from proto.telemetry import HwmonChip, PcieDevice, SmartDevice, TelemetryBatch, Temperature
+from metalguard.demo.sim.tree import GPU_CLASS, NIC_CLASS_IB, NodeSpec, NodeTree, layout, write_tree
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.telemetry import (
+    HwmonChip,
+    PcieDevice,
+    SmartDevice,
+    TelemetryBatch,
+    Temperature,
+)
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="r1c1k1n1", uuid="sim-r1c1k1n1")
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.slurm.actions import (
+from metalguard.controller.slurm.actions import (
     REASON_MAX,
     Action,
     Drain,
@@ -26,10 +26,10 @@ from controller.slurm.actions import (
     trigger_of,
     trigger_of_record,
 )
-from controller.slurm.parse import SlurmJob, SlurmNode
-from proto.base import AttrValue, NodeIdentity, Reason
-from proto.events import ControllerEvent
-from proto.nodes import NodeRecord
+from metalguard.controller.slurm.parse import SlurmJob, SlurmNode
+from metalguard.proto.base import AttrValue, NodeIdentity, Reason
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.nodes import NodeRecord
 
 PREFIX = "metalguard:"
 OURS = "metalguard: node.isolated: ecc"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import main
-from controller.config import ConfigError
-from controller.slurm.config import load_bridge_config, parse_bridge_config
+from metalguard.cli import main
+from metalguard.controller.config import ConfigError
+from metalguard.controller.slurm.config import load_bridge_config, parse_bridge_config
 
 EXAMPLE = Path(__file__).parents[2] / "systemd" / "slurm-bridge.toml"
 

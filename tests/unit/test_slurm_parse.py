@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.slurm.parse import (
+from metalguard.controller.slurm.parse import (
     SlurmJob,
     SlurmNode,
     SlurmParseError,

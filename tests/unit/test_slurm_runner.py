@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.slurm.config import SlurmSection
-from controller.slurm.runner import SlurmCommandError, SlurmRunner
+from metalguard.controller.slurm.config import SlurmSection
+from metalguard.controller.slurm.runner import SlurmCommandError, SlurmRunner
 
 
 class Sleeps:

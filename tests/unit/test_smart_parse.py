@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.collectors.smart_assess import SmartThresholds, assess, is_failing
-from agent.collectors.smart_parse import (
+from metalguard.agent.collectors.smart_assess import SmartThresholds, assess, is_failing
+from metalguard.agent.collectors.smart_parse import (
     CAPABILITY_HINT,
     NO_DATA,
     ExitStatus,
@@ -30,7 +30,7 @@ from agent.collectors.smart_parse import (
     parse_smartctl_json,
     smartctl_args,
 )
-from proto.telemetry import SmartDevice
+from metalguard.proto.telemetry import SmartDevice
 from tests.conftest import FIXTURES
 
 SMARTCTL = FIXTURES / "smartctl"

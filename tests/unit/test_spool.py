@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.spool import Spool, SpoolEntry, SpoolError, StoredEntry, encode_entry
+from metalguard.agent.spool import Spool, SpoolEntry, SpoolError, StoredEntry, encode_entry
 
 
 def entry(i: int, size: int = 10) -> SpoolEntry:
@@ -110,7 +110,10 @@ def test_damaged_entry_is_skipped_logged_and_counted(
     victim = sorted(tmp_path.glob("*.msg"))[1]
     victim.write_bytes(damage(victim.read_bytes()))  # type: ignore[operator]
     (tmp_path / ".00000000000000000009.tmp").write_bytes(b"half-written")
-    with caplog.at_level(logging.WARNING, logger="agent.spool"), Spool(tmp_path, 1 << 20) as spool:
+    with (
+        caplog.at_level(logging.WARNING, logger="metalguard.agent.spool"),
+        Spool(tmp_path, 1 << 20) as spool,
+    ):
         assert ids(spool.peek(10)) == ["r.c.n:0", "r.c.n:2"]
         assert spool.corrupt_total == 1
         assert spool.lost_total == 1

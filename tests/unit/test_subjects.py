@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.streams import StreamSettings, stream_configs
-from proto.subjects import (
+from metalguard.controller.state.streams import StreamSettings, stream_configs
+from metalguard.proto.subjects import (
     DEFAULT_SUBJECTS,
     CommandSubject,
     ControlSubject,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sysfs import ReadStatus, SysfsReader, natural_key
+from metalguard.agent.sysfs import ReadStatus, SysfsReader, natural_key
 from tests.unit.faultyos import FaultyOs
 from tests.unit.promtext import NODE_EXPORTER_SYS
 

@@ -6,7 +6,7 @@ import asyncio
 import threading
 from pathlib import Path
 
-from agent.sysfs import STUCK_SCAN_S, SysfsReader, _ScanWorker
+from metalguard.agent.sysfs import STUCK_SCAN_S, SysfsReader, _ScanWorker
 
 
 async def test_scans_run_in_one_thread_one_after_another(tmp_path: Path) -> None:

@@ -9,13 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.config import parse_config as parse_agent_config
-from agent.oneshot import collect_once
-from agent.sim.fleet import SimFleet, agent_config_text, sim_topology
-from agent.sim.tree import NodeSpec, write_tree
-from controller.config import ConfigError
-from controller.config import parse_config as parse_controller_config
-from controller.topology import (
+from metalguard.agent.config import parse_config as parse_agent_config
+from metalguard.agent.oneshot import collect_once
+from metalguard.controller.config import ConfigError
+from metalguard.controller.config import parse_config as parse_controller_config
+from metalguard.controller.core.topology import (
     FIELDS,
     ClusterTopology,
     RackOverride,
@@ -24,11 +22,13 @@ from controller.topology import (
     TopologyView,
     resolve,
 )
-from proto.base import NodeIdentity
-from proto.codec import decode, encode
-from proto.nodes import NodeRecord
-from proto.telemetry import TelemetryBatch
-from proto.topology import NodeTopology
+from metalguard.demo.sim.fleet import SimFleet, agent_config_text, sim_topology
+from metalguard.demo.sim.tree import NodeSpec, write_tree
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import decode, encode
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.telemetry import TelemetryBatch
+from metalguard.proto.topology import NodeTopology
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n7")
 REPORTED = NodeTopology(zone="z9", rack="k1", leaf="k1-l1", gpus=8, gpu_type="h100", cpu_cores=64)

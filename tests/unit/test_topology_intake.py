@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from nats.aio.client import Client
 
-from controller.region import RegionController
-from controller.state import NodeStore
-from controller.topology import ClusterTopology, TopologySection, TopologyView
-from proto.base import NodeIdentity
-from proto.subjects import Subjects
-from proto.telemetry import TelemetryBatch
-from proto.topology import NodeTopology
+from metalguard.controller.core.topology import ClusterTopology, TopologySection, TopologyView
+from metalguard.controller.region import RegionController
+from metalguard.controller.state.store import NodeStore
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import TelemetryBatch
+from metalguard.proto.topology import NodeTopology
 from tests.clock import T0, ManualClock
 
 

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from agent.collectors.udev import (
+from metalguard.agent.collectors.udev import (
     DEFAULT_SUBSYSTEMS,
     MonitorLike,
     UdevMonitor,
     device_properties,
     uevent_event,
 )
-from proto.base import NodeIdentity
-from proto.events import NODE_EVENT_KINDS, NodeEvent
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.events import NODE_EVENT_KINDS, NodeEvent
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
 
@@ -239,7 +239,7 @@ async def test_no_netlink_socket_is_reported_once_and_run_returns(
         got.append(event)
 
     monitor = UdevMonitor(lambda: NODE, opener=opener, clock=lambda: 3.0)
-    with caplog.at_level(logging.ERROR, logger="agent.collectors.udev"):
+    with caplog.at_level(logging.ERROR, logger="metalguard.agent.collectors.udev"):
         await asyncio.wait_for(monitor.run(emit), 5)
     (event,) = got
     assert (event.kind, event.source, event.severity) == ("collector_failed", "udev", "warning")
@@ -251,7 +251,7 @@ async def test_no_netlink_socket_is_reported_once_and_run_returns(
 
 
 def test_udev_defaults_on_only_with_the_default_collector_set() -> None:
-    from agent.config import parse_config
+    from metalguard.agent.config import parse_config
 
     default = parse_config("")
     assert default.events.udev_on(default.collect)

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from agent.workload import client
-from agent.workload.channel import Channel, ChannelPeer
-from agent.workload.commands import BadArgsError, CommandHandler, parse_start
-from agent.workload.reports import digest_from, exit_info, exited_event, step_from_name
-from agent.workload.runner import Runner, RunnerSettings
-from proto.base import NodeIdentity
-from proto.events import Command, NodeEvent
+from metalguard.agent.workload import client
+from metalguard.agent.workload.channel import Channel, ChannelPeer
+from metalguard.agent.workload.commands import BadArgsError, CommandHandler, parse_start
+from metalguard.agent.workload.reports import digest_from, exit_info, exited_event, step_from_name
+from metalguard.agent.workload.runner import Runner, RunnerSettings
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.events import Command, NodeEvent
 from tests.clock import T0, ManualClock
 from tests.waiting import wait_until
 

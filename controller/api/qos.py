@@ -1,0 +1,128 @@
+"""The flow-control routes of the HTTP API (docs/api.md, docs/qos.md).
+
+``PUT/GET /v1/qos/{cluster}`` and ``PUT/GET /v1/qos/{cluster}/nodes/{node}`` over a
+:class:`~controller.qos.QosStore`.  A PUT needs an admin token; its body is the profile
+as TOML (``application/toml``) or JSON.  An invalid profile is answered 422 with every
+reason, a version not above the stored one 409; either way nothing is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+from aiohttp import web
+
+from metalguard.controller.api.app import TOKENS, ApiError
+from metalguard.controller.qos import QosStore, StoredProfile, VersionConflictError
+from metalguard.proto.codec import to_builtins
+from metalguard.proto.qos import ProfileError, QosProfile, decode_profile
+
+QOS_STORE: Final = web.AppKey("qos_store", QosStore)
+FORMATS: Final[dict[str, Literal["toml", "json"]]] = {
+    "application/toml": "toml",
+    "text/toml": "toml",
+    "application/x-toml": "toml",
+    "application/json": "json",
+}
+
+
+def add_qos_routes(app: web.Application, store: QosStore) -> None:
+    """Register the ``/v1/qos`` routes over ``store``."""
+    app[QOS_STORE] = store
+    app.router.add_get("/v1/qos/{cluster}", get_cluster)
+    app.router.add_put("/v1/qos/{cluster}", put_profile)
+    app.router.add_get("/v1/qos/{cluster}/nodes/{node}", get_node)
+    app.router.add_put("/v1/qos/{cluster}/nodes/{node}", put_profile)
+
+
+async def get_cluster(request: web.Request) -> web.Response:
+    """The cluster's profile and its KV revision; ``?history=1`` adds the kept revisions."""
+    request.app[TOKENS].check(request, admin=False)
+    store = request.app[QOS_STORE]
+    cluster = _name(request, "cluster")
+    stored = await store.get(cluster)
+    if stored is None:
+        raise ApiError(404, "not_found", f"no QoS profile for cluster {cluster!r}")
+    body = shape(stored, cluster, None, "cluster")
+    if _history_wanted(request):
+        body["history"] = [_entry(s) for s in await store.history(cluster)]
+    return web.json_response(body)
+
+
+async def get_node(request: web.Request) -> web.Response:
+    """What the node applies: its override (``source: node``), else the cluster's profile
+    (``source: cluster``); 404 when neither exists."""
+    request.app[TOKENS].check(request, admin=False)
+    store = request.app[QOS_STORE]
+    cluster, node = _name(request, "cluster"), _name(request, "node")
+    stored = await store.effective(cluster, node)
+    if stored is None:
+        raise ApiError(404, "not_found", f"no QoS profile for {cluster}.{node} or its cluster")
+    source = "cluster" if stored.key == cluster else "node"
+    body = shape(stored, cluster, node, source)
+    if _history_wanted(request):
+        served = node if source == "node" else None
+        body["history"] = [_entry(s) for s in await store.history(cluster, served)]
+    return web.json_response(body)
+
+
+async def put_profile(request: web.Request) -> web.Response:
+    """Store a new version of a cluster's profile or of a node's override (admin token)."""
+    request.app[TOKENS].check(request, admin=True)
+    cluster = _name(request, "cluster")
+    node = _name(request, "node") if "node" in request.match_info else None
+    try:
+        profile = decode_body(request.content_type, await request.read())
+    except ProfileError as exc:
+        message = f"invalid QoS profile: {'; '.join(exc.reasons)}"
+        error = {"code": "invalid_profile", "message": message, "reasons": exc.reasons}
+        return web.json_response({"error": error}, status=422)
+    try:
+        stored, previous = await request.app[QOS_STORE].put(cluster, node, profile)
+    except VersionConflictError as exc:
+        raise ApiError(409, "version_conflict", exc.reason) from None
+    body = shape(stored, cluster, node, "node" if node else "cluster")
+    body["previous_version"] = previous.profile.version if previous else None
+    return web.json_response(body)
+
+
+def decode_body(content_type: str, data: bytes) -> QosProfile:
+    """The QosProfile in a request body: ApiError 415 / 400, ProfileError with the reasons."""
+    fmt = FORMATS.get(content_type.lower())
+    if fmt is None:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"send the profile as {', '.join(FORMATS)} (got {content_type or 'none'!r})",
+        )
+    if not data.strip():
+        raise ApiError(400, "bad_request", "the body is empty: send a QoS profile")
+    return decode_profile(data, fmt)
+
+
+def shape(stored: StoredProfile, cluster: str, node: str | None, source: str) -> dict[str, Any]:
+    """A profile's answer: where it is stored, its revision and the profile itself."""
+    return {"cluster": cluster, "node": node, "source": source, **_entry(stored)}
+
+
+def _entry(stored: StoredProfile) -> dict[str, Any]:
+    return {
+        "key": stored.key,
+        "revision": stored.revision,
+        "version": stored.profile.version,
+        "profile": to_builtins(stored.profile),
+    }
+
+
+def _name(request: web.Request, part: str) -> str:
+    name = request.match_info[part]
+    if not name or any(c in name for c in ". *>") or len(name) > 128:
+        raise ApiError(400, "bad_request", f"{part} {name!r} is not a valid name")
+    return name
+
+
+def _history_wanted(request: web.Request) -> bool:
+    unknown = sorted(set(request.query) - {"history"})
+    if unknown:
+        raise ApiError(400, "bad_request", f"unknown query parameter(s) {', '.join(unknown)}")
+    return request.query.get("history", "") in ("1", "true", "yes")

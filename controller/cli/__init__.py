@@ -1,0 +1,1 @@
+"""The operator commands over the HTTP API (nodes, jobs, qos) and `metalguard creds`."""

@@ -1,0 +1,325 @@
+"""The region controller's decision core: pure, no I/O, time as an argument.
+
+One *round* takes the current records and rail states and some inputs, runs the
+lifecycle (:mod:`controller.lifecycle`) and the safety rail (:mod:`controller.rail`), and
+returns what changed and the events to announce, each with a deterministic event id
+(docs/controller.md): deciding the same input against the same state again gives the
+same ids, so a republished event is dropped by the ``<P>_CONTROL`` duplicate window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from msgspec.structs import replace
+
+from metalguard.controller.core.lifecycle import (
+    Decision,
+    LifecycleConfig,
+    Observation,
+    OperatorAction,
+    Transition,
+    check_silence,
+    observe,
+    operator,
+    to_event,
+)
+from metalguard.controller.core.rail import apply_rail
+from metalguard.controller.core.scoring.engine import Assessment
+from metalguard.controller.state.store import ClusterKey, handle_of
+from metalguard.proto.base import NodeIdentity, Reason
+from metalguard.proto.events import ControllerEvent, NodeEvent
+from metalguard.proto.nodes import NodeRecord, RailState
+from metalguard.proto.telemetry import TelemetryBatch
+
+FATAL_EVENT_KINDS: frozenset[str] = frozenset(
+    {
+        "ecc_uncorrectable",
+        "aer_fatal",
+        "aer_nonfatal",
+        "smart_failed",
+        "gpu_ecc_dbe",
+        "gpu_row_remap_failure",
+    }
+)
+"""NodeEvent kinds acted on at once, as a fatal assessment (the scorer's fatal rules)."""
+FATAL_WHEN_CRITICAL_KINDS: frozenset[str] = frozenset(
+    {"gpu_xid", "device_removed", "device_unbound"}
+)
+"""Kinds acted on at once when the agent rated them ``critical``: a fatal XID (48, 79,
+...), a physical device gone from the bus or unbound by its driver after an error."""
+
+
+def is_fatal_event(event: NodeEvent) -> bool:
+    """Whether the controller isolates the node at once on this event."""
+    if event.kind in FATAL_EVENT_KINDS:
+        return True
+    return event.kind in FATAL_WHEN_CRITICAL_KINDS and event.severity == "critical"
+
+
+FATAL_EVENT_SCORE = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInput:
+    """One observation of one node, and the tag that makes its event ids unique."""
+
+    node: NodeIdentity
+    obs: Observation
+    tag: str
+    """Names the input: ``b<seq>@<batch ms>`` for a batch, ``e<event id>`` for an event."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a round changed (only what changed) and what to announce, in order."""
+
+    records: dict[str, NodeRecord] = field(default_factory=dict)
+    rails: dict[ClusterKey, RailState] = field(default_factory=dict)
+    events: tuple[ControllerEvent, ...] = ()
+
+
+def batch_input(batch: TelemetryBatch, assessment: Assessment, received_ts: float) -> NodeInput:
+    """The lifecycle's view of one scored batch (``ts`` is when it was taken in)."""
+    grade = assessment.grade
+    if grade not in ("HEALTHY", "SUB_HEALTHY", "FAILING"):
+        raise ValueError(f"the scorer graded {grade}")  # grade_for never does
+    obs = Observation(
+        ts=received_ts,
+        seq=batch.seq,
+        sent_ts=batch.ts,
+        interval_s=batch.interval_s,
+        score=assessment.score,
+        grade=grade,
+        fatal=assessment.fatal,
+        reasons=assessment.reasons,
+    )
+    return NodeInput(batch.node, obs, f"b{batch.seq}@{_ms(batch.ts)}")
+
+
+EVENT_VALUE_KEYS = ("ue_count", "new", "new_TOTAL_ERR_FATAL", "new_TOTAL_ERR_NONFATAL", "xid")
+"""NodeEvent attributes that carry the count a fatal event's reason shows as its value."""
+
+
+def event_input(
+    event: NodeEvent, record: NodeRecord | None, received_ts: float
+) -> NodeInput | None:
+    """A fatal NodeEvent as a fatal assessment of its node; None for other kinds.
+
+    It keeps the record's ``seq`` and uses the event's time as the batch time, so the
+    lifecycle takes it in once (a redelivery, or an event older than the last batch taken
+    in, is a replay) and the next batch (a higher ``seq``) is taken in as usual.
+    """
+    if not is_fatal_event(event):
+        return None
+    what = f"{event.kind} on {event.device}" if event.device else event.kind
+    counts = [event.attributes.get(k) for k in EVENT_VALUE_KEYS]
+    value = next((c for c in counts if isinstance(c, int | float)), event.device or None)
+    reason = Reason(
+        signal=f"event.{event.kind}",
+        value=value,
+        threshold=1 if isinstance(value, int | float) else None,
+        rule=event.kind,
+        message=event.message or f"{what} reported by {event.source or 'the agent'}",
+    )
+    obs = Observation(
+        ts=received_ts,
+        seq=record.last_seq if record else 0,
+        sent_ts=event.ts,
+        score=FATAL_EVENT_SCORE,
+        grade="FAILING",
+        fatal=True,
+        reasons=(reason,),
+    )
+    return NodeInput(event.node, obs, f"e{event.event_id}")
+
+
+def steady(record: NodeRecord | None, item: NodeInput) -> NodeRecord | None:
+    """The record after ``item`` when it only continues a steady healthy node (same score
+    and reasons, nothing pending), else None and the full round decides.
+
+    Then :func:`decide` would change nothing but the record's liveness fields and
+    announce nothing (tests/unit/test_decide_steady.py holds it to that), so the region
+    controller skips the round. The cluster's rail state is not pruned here; the rail
+    prunes its window on every use.
+    """
+    obs = item.obs
+    if (
+        record is None
+        or record.grade != "HEALTHY"
+        or obs.grade != "HEALTHY"
+        or obs.fatal
+        or obs.running_jobs is not None
+        or record.cordoned
+        or record.maintenance
+        or record.held
+        or record.rail_flagged
+        or record.unreachable_from is not None
+        or record.clean_cycles
+        or record.isolations
+        or record.last_seen_ts is None
+        or obs.seq <= record.last_seq
+        or obs.score != record.score
+        or obs.reasons != record.reasons
+    ):
+        return None
+    return replace(
+        record,
+        last_seen_ts=obs.ts,
+        last_sent_ts=obs.sent_ts,
+        last_seq=obs.seq,
+        interval_s=obs.interval_s or record.interval_s,
+        updated_ts=obs.ts,
+    )
+
+
+def steady_batch(
+    record: NodeRecord | None, batch: TelemetryBatch, assessment: Assessment, received_ts: float
+) -> NodeRecord | None:
+    """``steady(record, batch_input(batch, assessment, received_ts))`` without building
+    the input (most batches take this path; tests/unit/test_decide_steady.py holds the
+    two equal)."""
+    if (
+        record is None
+        or record.grade != "HEALTHY"
+        or assessment.grade != "HEALTHY"
+        or assessment.fatal
+        or record.cordoned
+        or record.maintenance
+        or record.held
+        or record.rail_flagged
+        or record.unreachable_from is not None
+        or record.clean_cycles
+        or record.isolations
+        or record.last_seen_ts is None
+        or batch.seq <= record.last_seq
+        or assessment.score != record.score
+    ):
+        return None
+    findings = assessment.findings
+    reasons = record.reasons
+    if len(findings) != len(reasons) or any(
+        f.reason != r for f, r in zip(findings, reasons, strict=True)
+    ):
+        return None
+    return replace(
+        record,
+        last_seen_ts=received_ts,
+        last_sent_ts=batch.ts,
+        last_seq=batch.seq,
+        interval_s=batch.interval_s or record.interval_s,
+        updated_ts=received_ts,
+    )
+
+
+def decide(
+    records: Mapping[str, NodeRecord],
+    rails: Mapping[ClusterKey, RailState],
+    inputs: Sequence[NodeInput],
+    now: float,
+    cfg: LifecycleConfig,
+    cluster_sizes: Mapping[ClusterKey, int] | None = None,
+) -> Outcome:
+    """Observe each input (at most one per node), then settle each cluster's rail.
+
+    A cluster's size for the rail is ``cluster_sizes`` (the nodes known in it; counted
+    from ``records`` when not given), plus the round's nodes not yet in ``records``.
+    """
+    handles = [handle_of(i.node) for i in inputs]
+    if len(set(handles)) != len(handles):
+        raise ValueError("decide takes at most one input per node per round")
+    by_cluster: dict[ClusterKey, list[tuple[NodeInput, NodeRecord, Transition]]] = {}
+    for item, handle in zip(inputs, handles, strict=True):
+        record = records.get(handle) or NodeRecord(node=item.node)
+        key = (item.node.region, item.node.cluster)
+        by_cluster.setdefault(key, []).append((item, record, observe(record, item.obs, cfg)))
+    changed: dict[str, NodeRecord] = {}
+    new_rails: dict[ClusterKey, RailState] = {}
+    events: list[ControllerEvent] = []
+    for key, round_ in by_cluster.items():
+        region, cluster = key
+        if cluster_sizes is None:
+            known = sum(1 for r in records.values() if (r.node.region, r.node.cluster) == key)
+        else:
+            known = cluster_sizes.get(key, 0)
+        size = known + sum(1 for item, _, _ in round_ if handle_of(item.node) not in records)
+        state = rails.get((region, cluster)) or RailState(region=region, cluster=cluster)
+        result = apply_rail(state, size, [t for _, _, t in round_], now, cfg)
+        for (item, before, _), settled in zip(round_, result.transitions, strict=True):
+            if settled.record != before:
+                changed[handle_of(item.node)] = settled.record
+            events += _events(settled.decisions, handle_of(item.node), item.tag)
+        if result.state != state:
+            new_rails[(region, cluster)] = result.state
+        if result.alerts:
+            round_tag = _digest(sorted(f"{handle_of(i.node)}:{i.tag}" for i, _, _ in round_))
+            events += _events(result.alerts, f"{region}.{cluster}", round_tag)
+    return Outcome(changed, new_rails, tuple(events))
+
+
+def decide_silence(
+    records: Mapping[str, NodeRecord],
+    now: float,
+    cfg: LifecycleConfig,
+    *,
+    watching_since: float | None = None,
+    bmc_power_on: Mapping[str, bool] | None = None,
+    bmc_health: Mapping[str, str] | None = None,
+) -> Outcome:
+    """Mark every silent in-service node UNREACHABLE, with its BMC's latest word on its
+    power and health (by handle) where there is one.
+
+    The event id names the last batch taken in (``s<last seen ms>``): the same silence
+    decided again after a restart has the same id.
+    """
+    power, health = bmc_power_on or {}, bmc_health or {}
+    changed: dict[str, NodeRecord] = {}
+    events: list[ControllerEvent] = []
+    for handle, record in sorted(records.items()):
+        t = check_silence(
+            record,
+            now,
+            cfg,
+            bmc_power_on=power.get(handle),
+            bmc_health=health.get(handle, ""),
+            watching_since=watching_since,
+        )
+        if t.record != record:
+            changed[handle] = t.record
+            events += _events(t.decisions, handle, f"s{_ms(record.last_seen_ts or 0.0)}")
+    return Outcome(changed, {}, tuple(events))
+
+
+def decide_operator(
+    record: NodeRecord,
+    action: OperatorAction,
+    reason: str,
+    who: str,
+    now: float,
+    cfg: LifecycleConfig,
+) -> Outcome:
+    """An operator's action on one node (event ids tagged ``o<now ms>``)."""
+    t = operator(record, action, reason, who, now, cfg)
+    if t.record == record and not t.decisions:
+        return Outcome()
+    handle = handle_of(record.node)
+    return Outcome({handle: t.record}, {}, _events(t.decisions, handle, f"o{_ms(now)}"))
+
+
+def event_id(subject: str, kind: str, tag: str) -> str:
+    """``<node handle or region.cluster>:<kind>:<input tag>``."""
+    return f"{subject}:{kind}:{tag}"
+
+
+def _events(decisions: Sequence[Decision], subject: str, tag: str) -> tuple[ControllerEvent, ...]:
+    return tuple(to_event(d, event_id(subject, d.kind, tag)) for d in decisions)
+
+
+def _ms(ts: float) -> int:
+    return round(ts * 1000)
+
+
+def _digest(parts: Sequence[str]) -> str:
+    return "r" + hashlib.sha1("\n".join(parts).encode(), usedforsecurity=False).hexdigest()[:16]

@@ -1,0 +1,386 @@
+"""The node lifecycle: a pure state machine over NodeRecord (docs/lifecycle.md).
+
+Every function takes a record and one input (an assessment, the time, an operator's
+action) and returns a :class:`Transition`: the new record and the decisions to announce.
+No I/O and no clock reads: time comes in as an argument.  A transition that wants an
+automatic isolation must pass the safety rail (:func:`controller.rail.apply_rail`) before
+it is kept.  The types live in :mod:`controller.lifecycle_model` and are re-exported here.
+"""
+
+from __future__ import annotations
+
+from msgspec.structs import replace
+
+from metalguard.controller.core.lifecycle_model import (
+    BAD_GRADES,
+    KIND_ENTERING,
+    OUT_OF_SERVICE,
+    SECONDS_PER_DAY,
+    Action,
+    AssessedGrade,
+    Decision,
+    LifecycleConfig,
+    Observation,
+    OperatorAction,
+    Transition,
+    accepts_new_work,
+    change_grade,
+    node_decision,
+    to_event,
+)
+from metalguard.proto.base import Reason
+from metalguard.proto.nodes import Grade, NodeRecord
+
+__all__ = [
+    "BAD_GRADES",
+    "KIND_ENTERING",
+    "OUT_OF_SERVICE",
+    "SECONDS_PER_DAY",
+    "Action",
+    "AssessedGrade",
+    "Decision",
+    "LifecycleConfig",
+    "Observation",
+    "OperatorAction",
+    "Transition",
+    "accepts_new_work",
+    "check_silence",
+    "observe",
+    "operator",
+    "recent_isolations",
+    "to_event",
+    "update_jobs",
+]
+
+# --- assessments ----------------------------------------------------------------------
+
+
+def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Transition:
+    """Take in one assessment: update the score and move the grade if the rules say so."""
+    if _is_replay(record, obs):
+        return Transition(record)
+    base = _absorb(record, obs, cfg)
+    deserved = obs.deserved
+    if deserved != "HEALTHY" and obs.sent_ts is not None:
+        newest_bad = max(obs.sent_ts, record.bad_sent_ts or obs.sent_ts)
+        base = replace(base, bad_sent_ts=newest_bad)
+    if record.held or record.maintenance:
+        return Transition(base)  # pinned to FAILING / MAINTENANCE until an uncordon
+    was = _grade_before_silence(record)
+    if deserved == "FAILING":
+        if was == "FAILING":
+            return Transition(replace(base, clean_cycles=0))
+        return _isolate(base, was, obs, cfg)
+    if deserved == "SUB_HEALTHY":
+        if was == "FAILING":
+            target: Grade = "FAILING"
+            message = f"score {obs.score:.0f}: still not clean, stays FAILING"
+        elif was == "MAINTENANCE" or (was == "SUB_HEALTHY" and base.running_jobs == 0):
+            target = "MAINTENANCE"
+            message = f"score {obs.score:.0f}: sub-healthy with no running jobs"
+        else:  # first SUB_HEALTHY, announced as such; drained to MAINTENANCE next cycle
+            target = "SUB_HEALTHY"
+            message = f"score {obs.score:.0f}: sub-healthy, no new work; running jobs continue"
+        return change_grade(
+            replace(base, clean_cycles=0), target, obs.ts, cfg, obs.reasons, message
+        )
+    if was not in BAD_GRADES and not record.rail_flagged:
+        return change_grade(base, "HEALTHY", obs.ts, cfg, obs.reasons, "telemetry resumed, healthy")
+    if _collected_before_the_bad(record, obs):
+        # A clean batch older than the evidence against the node (delivered late, e.g.
+        # from the agent's spool after an outage): alive, but no clean cycle.
+        return Transition(replace(base, score=record.score, reasons=record.reasons))
+    cycles = record.clean_cycles + 1
+    if cycles < cfg.clean_cycles_to_recover:
+        message = f"telemetry resumed; {cycles} clean assessment(s), still {was}"
+        return change_grade(
+            replace(base, clean_cycles=cycles), was, obs.ts, cfg, obs.reasons, message
+        )
+    reason = Reason(
+        signal="lifecycle.clean_cycles",
+        value=cycles,
+        threshold=cfg.clean_cycles_to_recover,
+        rule="clean_cycles_to_recover",
+        message=f"{cycles} consecutive clean assessments",
+    )
+    return change_grade(
+        replace(base, clean_cycles=0, rail_flagged=False),
+        "HEALTHY",
+        obs.ts,
+        cfg,
+        (reason,),
+        f"{cycles} consecutive clean assessments: back in service",
+        action="release" if record.grade in OUT_OF_SERVICE else None,
+    )
+
+
+def _collected_before_the_bad(record: NodeRecord, obs: Observation) -> bool:
+    """Whether a clean assessment was collected no later than the newest bad one."""
+    return (
+        obs.sent_ts is not None
+        and record.bad_sent_ts is not None
+        and obs.sent_ts <= record.bad_sent_ts
+    )
+
+
+def _is_replay(record: NodeRecord, obs: Observation) -> bool:
+    """An assessment already taken in (a redelivery after a controller restart)."""
+    if record.last_seen_ts is None or obs.seq > record.last_seq:
+        return False
+    last_sent = record.last_sent_ts
+    reset = obs.sent_ts is not None and last_sent is not None and obs.sent_ts > last_sent
+    return not reset
+
+
+def _absorb(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> NodeRecord:
+    """The record with the assessment's score, freshness and job count taken in."""
+    return replace(
+        record,
+        score=obs.score,
+        reasons=obs.reasons,
+        last_seen_ts=obs.ts,
+        last_sent_ts=obs.sent_ts,
+        last_seq=obs.seq,
+        interval_s=obs.interval_s or record.interval_s,
+        running_jobs=record.running_jobs if obs.running_jobs is None else obs.running_jobs,
+        isolations=recent_isolations(record.isolations, obs.ts, cfg),
+        unreachable_from=None,
+        updated_ts=obs.ts,
+    )
+
+
+def _grade_before_silence(record: NodeRecord) -> Grade:
+    """The grade the node holds, or held before it went UNREACHABLE."""
+    if record.grade == "UNREACHABLE":
+        return record.unreachable_from or "HEALTHY"
+    return record.grade
+
+
+def recent_isolations(
+    times: tuple[float, ...], now: float, cfg: LifecycleConfig
+) -> tuple[float, ...]:
+    """The isolation times still inside the repeat-offender window (D days)."""
+    start = now - cfg.repeat_offender_days * SECONDS_PER_DAY
+    return tuple(t for t in times if t > start)
+
+
+def _isolate(base: NodeRecord, was: Grade, obs: Observation, cfg: LifecycleConfig) -> Transition:
+    """Isolation for a FAILING assessment, and the outcome should the rail refuse it."""
+    isolations = (*base.isolations, obs.ts)
+    held = len(isolations) >= cfg.repeat_offender_count
+    isolated = change_grade(
+        replace(base, clean_cycles=0, isolations=isolations, held=held, rail_flagged=False),
+        "FAILING",
+        obs.ts,
+        cfg,
+        obs.reasons,
+        f"score {obs.score:.0f}{', fatal signal' if obs.fatal else ''}: isolate now",
+        action="isolate",
+        attributes={"fatal": obs.fatal},
+    )
+    decisions = isolated.decisions
+    if held:
+        days = f"{cfg.repeat_offender_days:g}"
+        reason = Reason(
+            signal="lifecycle.isolations",
+            value=len(isolations),
+            threshold=cfg.repeat_offender_count,
+            rule="repeat_offender_count",
+            message=f"isolated {len(isolations)} times within {days} days",
+        )
+        decisions += (
+            node_decision(
+                isolated.record,
+                "node.held",
+                obs.ts,
+                (reason,),
+                f"repeat offender (isolated {len(isolations)} times within {days} days): "
+                "stays out until an operator uncordons it",
+            ),
+        )
+    denied = change_grade(
+        replace(base, clean_cycles=0, rail_flagged=True),
+        was,
+        obs.ts,
+        cfg,
+        obs.reasons,
+        f"score {obs.score:.0f}: isolation refused by the safety rail; kept in service, flagged",
+        by="rail",
+    )
+    return Transition(isolated.record, decisions, if_denied=denied)
+
+
+# --- time and jobs --------------------------------------------------------------------
+
+
+def check_silence(
+    record: NodeRecord,
+    now: float,
+    cfg: LifecycleConfig,
+    *,
+    bmc_power_on: bool | None = None,
+    bmc_health: str = "",
+    watching_since: float | None = None,
+) -> Transition:
+    """Mark a silent in-service node UNREACHABLE (not FAILING), with the BMC's word on it.
+
+    Silence counts from the last batch taken in, or from ``watching_since`` (when the
+    controller started) if later: a restarted controller gives every node its full
+    allowance before calling it silent (its batches may still be in the stream).
+    """
+    if record.grade not in ("HEALTHY", "SUB_HEALTHY") or record.last_seen_ts is None:
+        return Transition(record)
+    limit = cfg.unreachable_after_intervals * record.interval_s
+    silent = now - max(record.last_seen_ts, watching_since or record.last_seen_ts)
+    if record.interval_s <= 0 or silent < limit:
+        return Transition(record)
+    intervals = f"{cfg.unreachable_after_intervals} intervals of {record.interval_s:g} s"
+    reasons = [
+        Reason(
+            signal="telemetry.silence_s",
+            value=silent,
+            threshold=limit,
+            rule="unreachable_after_intervals",
+            message=f"no telemetry for {silent:.0f} s ({intervals})",
+        )
+    ]
+    if bmc_power_on is None:
+        oob = "no out-of-band reading to cross-check"
+    else:
+        oob = f"the BMC says it is powered {'on' if bmc_power_on else 'off'}"
+        reasons.append(Reason(signal="bmc.power_on", value=bmc_power_on, message=oob))
+    if bmc_health and bmc_health != "ok":
+        said = f"the BMC reports health {bmc_health}"
+        reasons.append(Reason(signal="bmc.health", value=bmc_health, message=said))
+        oob = said if bmc_power_on is None else f"{oob}; it reports health {bmc_health}"
+    return change_grade(
+        replace(record, unreachable_from=record.grade),
+        "UNREACHABLE",
+        now,
+        cfg,
+        tuple(reasons),
+        f"no telemetry for {silent:.0f} s; {oob}",
+        attributes={"bmc_power_on": bmc_power_on, "bmc_health": bmc_health or None},
+    )
+
+
+def update_jobs(
+    record: NodeRecord, running_jobs: int, now: float, cfg: LifecycleConfig
+) -> Transition:
+    """Take in the node's job count: a SUB_HEALTHY node with none enters MAINTENANCE."""
+    if running_jobs == record.running_jobs:
+        return Transition(record)
+    base = replace(record, running_jobs=running_jobs, updated_ts=now)
+    if record.grade != "SUB_HEALTHY" or running_jobs:
+        return Transition(base)
+    return change_grade(
+        base, "MAINTENANCE", now, cfg, record.reasons, "sub-healthy and its last job left"
+    )
+
+
+# --- operators ------------------------------------------------------------------------
+
+
+def operator(
+    record: NodeRecord,
+    action: OperatorAction,
+    reason: str,
+    who: str,
+    now: float,
+    cfg: LifecycleConfig,
+) -> Transition:
+    """An operator's cordon, uncordon or maintenance, with their reason.
+
+    Repeating an action with the same reason changes nothing and announces nothing.
+    """
+    by = f"operator:{who}"
+    why = (Reason(signal=f"operator.{action}", value=who, rule=action, message=reason),)
+    if action == "cordon":
+        if record.maintenance or (record.cordoned and record.operator_reason == reason):
+            return Transition(record)  # maintenance already includes a cordon
+        cordoned = replace(
+            record,
+            cordoned=True,
+            operator_reason=reason,
+            operator_by=by,
+            operator_ts=record.operator_ts if record.cordoned else now,
+            updated_ts=now,
+        )
+        message = f"cordoned by {who}: {reason}; no new work, running jobs continue"
+        return change_grade(
+            cordoned, record.grade, now, cfg, why, message, by=by, kind="node.cordoned"
+        )
+    if action == "maintenance":
+        if record.maintenance and record.operator_reason == reason:
+            return Transition(record)
+        pinned = replace(
+            record,
+            cordoned=True,
+            maintenance=True,
+            operator_reason=reason,
+            operator_by=by,
+            operator_ts=record.operator_ts if record.maintenance else now,
+            clean_cycles=0,
+            rail_flagged=False,
+            unreachable_from=None,
+        )
+        message = f"maintenance by {who}: {reason}"
+        action_: Action | None = None if record.grade in OUT_OF_SERVICE else "isolate"
+        return change_grade(
+            pinned,
+            "MAINTENANCE",
+            now,
+            cfg,
+            why,
+            message,
+            by=by,
+            kind="node.maintenance",
+            action=action_,
+        )
+    if action == "uncordon":
+        return _uncordon(record, reason, who, now, cfg, why)
+    raise ValueError(f"unknown operator action {action!r}")
+
+
+def _uncordon(
+    record: NodeRecord,
+    reason: str,
+    who: str,
+    now: float,
+    cfg: LifecycleConfig,
+    why: tuple[Reason, ...],
+) -> Transition:
+    """Clear cordon, maintenance, hold, flags and isolation history: back to HEALTHY.
+
+    An UNREACHABLE node stays so until its telemetry resumes, then returns HEALTHY.
+    """
+    silent = record.grade == "UNREACHABLE"
+    target: Grade = "UNREACHABLE" if silent else "HEALTHY"
+    cleared = replace(
+        record,
+        grade=target,
+        cordoned=False,
+        maintenance=False,
+        held=False,
+        rail_flagged=False,
+        isolations=(),
+        clean_cycles=0,
+        operator_reason="",
+        operator_by="",
+        operator_ts=None,
+        unreachable_from=("HEALTHY" if record.unreachable_from else None) if silent else None,
+    )
+    if cleared == record:
+        return Transition(record)
+    by = f"operator:{who}"
+    return change_grade(
+        replace(cleared, grade=record.grade),
+        target,
+        now,
+        cfg,
+        why,
+        f"uncordoned by {who}: {reason}",
+        by=by,
+        kind="node.uncordoned",
+        action="release" if record.grade in OUT_OF_SERVICE else None,
+    )

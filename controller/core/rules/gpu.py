@@ -1,0 +1,204 @@
+"""GPU rules: the NVML readings of the agent's ``gpu`` collector (docs/collectors-udev-gpu.md).
+
+Double-bit ECC errors and a failed row remap are fatal (the GPU needs service; NVIDIA's
+guidance is to drain it); a pending remap or retired page asks for a GPU reset; a PCIe
+link below its maximum is severe; hardware thermal slowdown is a warning. Corrected ECC
+errors, PCIe replays and NVLink errors are judged by their rate over a window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from metalguard.controller.core.rules.base import (
+    Context,
+    Finding,
+    flagged,
+    growth_only,
+    plural,
+    rate_finding,
+    reads,
+)
+from metalguard.proto.telemetry import GpuDevice, TelemetryBatch
+
+THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake"})
+"""Throttle reasons that mean the GPU is too hot (not a power cap, not idle)."""
+
+
+@reads("gpu")
+def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
+    """Per GPU: corrected ECC errors, PCIe replays, NVLink errors (all links summed)."""
+    for gpu in batch.gpu:
+        if gpu.ecc_sbe_volatile is not None:
+            yield _key(gpu, "ecc_sbe"), gpu.ecc_sbe_volatile
+        if gpu.pcie_replay_count is not None:
+            yield _key(gpu, "pcie_replay"), gpu.pcie_replay_count
+        nvlink = _nvlink_errors(gpu)
+        if nvlink is not None:
+            yield _key(gpu, "nvlink_errors"), nvlink
+
+
+@reads("gpu")
+def gpu_ecc_uncorrectable(ctx: Context) -> Iterator[Finding]:
+    """Double-bit (uncorrectable) ECC errors since the driver loaded: fatal by default."""
+    rule = ctx.rules.gpu_ecc_uncorrectable
+    if not rule.enabled:
+        return
+    for gpu in ctx.batch.gpu:
+        count = gpu.ecc_dbe_volatile
+        if count is None:
+            count = gpu.ecc_uncorrected
+        if count and count >= rule.threshold:
+            yield flagged(
+                "gpu_ecc_uncorrectable",
+                rule,
+                signal="gpu.ecc_dbe",
+                value=count,
+                threshold=rule.threshold,
+                message=f"{_subject(gpu)} has {plural(count, 'uncorrectable ECC error')}",
+            )
+
+
+@reads("gpu")
+def gpu_row_remap_failure(ctx: Context) -> Iterator[Finding]:
+    """A memory row that could not be remapped: the GPU needs service."""
+    rule = ctx.rules.gpu_row_remap_failure
+    if not rule.enabled:
+        return
+    for gpu in ctx.batch.gpu:
+        if gpu.row_remap_failure:
+            yield flagged(
+                "gpu_row_remap_failure",
+                rule,
+                signal="gpu.row_remap_failure",
+                value=True,
+                message=f"{_subject(gpu)}: a row remap failed (the GPU needs service)",
+            )
+
+
+@reads("gpu")
+def gpu_reset_pending(ctx: Context) -> Iterator[Finding]:
+    """A row remap or page retirement that takes effect at the next GPU reset."""
+    rule = ctx.rules.gpu_reset_pending
+    if not rule.enabled:
+        return
+    for gpu in ctx.batch.gpu:
+        what = [
+            name
+            for name, pending in (
+                ("row remap", gpu.row_remap_pending),
+                ("page retirement", gpu.retired_pages_pending),
+            )
+            if pending
+        ]
+        if what:
+            yield flagged(
+                "gpu_reset_pending",
+                rule,
+                signal="gpu.reset_pending",
+                value=" and ".join(what),
+                message=f"{_subject(gpu)}: {' and '.join(what)} pending until a GPU reset",
+            )
+
+
+@reads("gpu")
+def gpu_pcie_downgrade(ctx: Context) -> Iterator[Finding]:
+    """A GPU's PCIe link narrower than its maximum, or slower while busy."""
+    rule = ctx.rules.gpu_pcie_downgrade
+    if not rule.enabled:
+        return
+    for gpu in ctx.batch.gpu:
+        if gpu.pcie_downgraded:
+            now = f"gen{gpu.pcie_link_gen} x{gpu.pcie_link_width}"
+            top = f"gen{gpu.pcie_link_gen_max} x{gpu.pcie_link_width_max}"
+            yield flagged(
+                "gpu_pcie_downgrade",
+                rule,
+                signal="gpu.pcie_link",
+                value=now,
+                threshold=top,
+                message=f"{_subject(gpu)}: PCIe link at {now}, its maximum is {top}",
+            )
+
+
+@reads("gpu")
+def gpu_thermal_slowdown(ctx: Context) -> Iterator[Finding]:
+    """Clocks held down because the GPU is too hot."""
+    rule = ctx.rules.gpu_thermal_slowdown
+    if not rule.enabled:
+        return
+    for gpu in ctx.batch.gpu:
+        hot = sorted(THERMAL_REASONS.intersection(gpu.throttle_reasons))
+        if hot:
+            shown = ", ".join(hot)
+            temp = f" at {gpu.temperature_c:g} °C" if gpu.temperature_c is not None else ""
+            yield flagged(
+                "gpu_thermal_slowdown",
+                rule,
+                signal="gpu.throttle",
+                value=shown,
+                message=f"{_subject(gpu)} throttled{temp}: {shown}",
+            )
+
+
+@growth_only
+def gpu_ecc_correctable_rate(ctx: Context) -> Iterator[Finding]:
+    """Corrected (single-bit) ECC errors per hour per GPU."""
+    yield from _rates(ctx, "gpu_ecc_correctable_rate", "ecc_sbe", "corrected ECC errors")
+
+
+@growth_only
+def gpu_pcie_replay_rate(ctx: Context) -> Iterator[Finding]:
+    """PCIe replays (link-level retransmissions) per hour per GPU."""
+    yield from _rates(ctx, "gpu_pcie_replay_rate", "pcie_replay", "PCIe replays")
+
+
+@growth_only
+def gpu_nvlink_error_rate(ctx: Context) -> Iterator[Finding]:
+    """NVLink CRC, replay and recovery errors per hour per GPU (all its links)."""
+    yield from _rates(ctx, "gpu_nvlink_error_rate", "nvlink_errors", "NVLink errors")
+
+
+RULES = (
+    gpu_ecc_uncorrectable,
+    gpu_row_remap_failure,
+    gpu_reset_pending,
+    gpu_pcie_downgrade,
+    gpu_thermal_slowdown,
+    gpu_ecc_correctable_rate,
+    gpu_pcie_replay_rate,
+    gpu_nvlink_error_rate,
+)
+
+
+def _rates(ctx: Context, key: str, counter: str, what: str) -> Iterator[Finding]:
+    """The rate rule ``key`` over each GPU's ``counter`` (signal ``gpu.<counter>_rate``)."""
+    rule = getattr(ctx.rules, key)
+    signal = f"gpu.{counter}_rate"
+    if not rule.enabled:
+        return
+    for gpu in ctx.batch.gpu:
+        found = rate_finding(
+            key, rule, ctx, _key(gpu, counter), signal=signal, what=what, subject=_subject(gpu)
+        )
+        if found is not None:
+            yield found
+
+
+def _nvlink_errors(gpu: GpuDevice) -> int | None:
+    counts = [
+        n
+        for link in gpu.nvlinks
+        for n in (link.crc_flit, link.crc_data, link.replay, link.recovery)
+        if n is not None
+    ]
+    return sum(counts) if counts else None
+
+
+def _key(gpu: GpuDevice, counter: str) -> str:
+    return f"gpu.{gpu.uuid or gpu.pci_address or gpu.index}.{counter}"
+
+
+def _subject(gpu: GpuDevice) -> str:
+    where = gpu.pci_address or gpu.uuid
+    return f"GPU {gpu.index}" + (f" ({where})" if where else "")

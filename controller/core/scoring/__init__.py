@@ -1,0 +1,1 @@
+"""The health score: signals, the rule pipeline's engine, the scoring config."""

@@ -1,0 +1,1 @@
+"""Per-node NATS users: their permissions (pure) and the credentials directory."""

@@ -1,0 +1,1 @@
+"""Regions together: the fleet view, job forwarding (pure), the service on NATS."""

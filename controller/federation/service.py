@@ -1,0 +1,488 @@
+"""Federation: regions tell each other their state over NATS gateways (docs/federation.md).
+
+Each region's controller publishes a :class:`RegionSummary` on
+``<p>.fed.summary.<region>`` every ``interval_s`` (core NATS: gateways carry it to every
+region that listens), answers node lookups by UUID, job lookups by id and pings on
+``<p>.fed.lookup.<region>``, and takes forwarded jobs on ``<p>.fed.submit.<region>``
+(the region's controllers in one queue group; the leader accepts them).
+Every controller keeps the newest summary of each region it has heard (:class:`FleetView`);
+one older than ``STALE_INTERVALS`` of its interval is *stale* — a region cut off from the
+others keeps working on its own and shows the others as stale until the gateway returns,
+when the next summaries make the views converge.  The pure parts (:func:`summarize`,
+:class:`FleetView`) take time as an argument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+
+from metalguard.controller.federation.forwarding import RegionOffer, effective_latency, median
+from metalguard.controller.jobs.scheduler import FleetNode
+from metalguard.proto.codec import CodecError, decode, encode
+from metalguard.proto.federation import (
+    GpuCapacity,
+    JobCancel,
+    JobForward,
+    JobForwardReply,
+    JobLookup,
+    JobLookupReply,
+    NodeLookup,
+    NodeLookupReply,
+    RegionPing,
+    RegionSummary,
+)
+from metalguard.proto.jobs import Job, JobStatus
+from metalguard.proto.nodes import GRADES, NodeRecord
+from metalguard.proto.subjects import FedSummarySubject, SubjectError, Subjects
+
+log = logging.getLogger(__name__)
+
+STALE_INTERVALS = 3.0
+"""A summary older than this many of its region's intervals is stale."""
+LOOKUP_TIMEOUT_S = 1.0
+"""How long a node or job lookup, and a ping, waits for each other region."""
+FORWARD_TIMEOUT_S = 3.0
+"""How long forwarding a job waits for the chosen region's answer (each try)."""
+FORWARD_TRIES = 3
+"""Tries of a forward answered ``not_leader`` (the queue group picked a follower)."""
+RTT_SAMPLES = 5
+"""Round trips kept per region; the measured latency is their median."""
+SUBMIT_QUEUE = "metalguard-fed-submit"
+
+
+def summarize(
+    region: str,
+    records: Mapping[str, NodeRecord],
+    fleet: Iterable[FleetNode],
+    now: float,
+    interval_s: float,
+    *,
+    controller: str = "",
+    queued_jobs: int = 0,
+    running_jobs: int = 0,
+) -> RegionSummary:
+    """The region's summary: nodes per grade and GPU capacity per type (pure)."""
+    grades = Counter(r.grade for r in records.values())
+    by_type: dict[str, list[int]] = {}
+    for node in fleet:
+        healthy = node.grade == "HEALTHY" and not node.cordoned
+        row = by_type.setdefault(node.gpu_type, [0, 0, 0, 0])
+        row[0] += 1
+        row[1] += healthy
+        row[2] += node.gpus
+        row[3] += node.gpus if healthy else 0
+    capacity = tuple(
+        GpuCapacity(gpu_type=t, nodes=n, healthy_nodes=h, gpus=g, healthy_gpus=hg)
+        for t, (n, h, g, hg) in sorted(by_type.items())
+    )
+    return RegionSummary(
+        region=region,
+        ts=now,
+        interval_s=interval_s,
+        controller=controller,
+        nodes=len(records),
+        grades={g: grades.get(g, 0) for g in GRADES},
+        capacity=capacity,
+        queued_jobs=queued_jobs,
+        running_jobs=running_jobs,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """A region's newest summary and when this controller received it."""
+
+    summary: RegionSummary
+    received_ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class HeardNow:
+    """A region's newest summary, its age and staleness at some moment."""
+
+    summary: RegionSummary
+    age_s: float
+    stale: bool
+
+
+class FleetView:
+    """The newest summary of every region heard, by region (pure; time as arguments)."""
+
+    def __init__(self) -> None:
+        self._heard: dict[str, Heard] = {}
+
+    def take(self, summary: RegionSummary, received_ts: float) -> bool:
+        """Keep ``summary`` unless an as-new one of its region is kept; whether kept."""
+        held = self._heard.get(summary.region)
+        if held is not None and held.summary.ts > summary.ts:
+            return False
+        self._heard[summary.region] = Heard(summary, received_ts)
+        return True
+
+    @property
+    def regions(self) -> list[str]:
+        """The regions heard from, sorted."""
+        return sorted(self._heard)
+
+    def heard(self, now: float) -> list[HeardNow]:
+        """Every region's newest summary with whether it is stale at ``now``, sorted."""
+        out = []
+        for region in self.regions:
+            heard = self._heard[region]
+            age = max(0.0, now - heard.received_ts)
+            stale = age > STALE_INTERVALS * max(heard.summary.interval_s, 0.001)
+            out.append(HeardNow(heard.summary, age, stale))
+        return out
+
+    def snapshot(self, now: float) -> list[dict[str, Any]]:
+        """Every region's summary with ``age_s`` and ``stale``, sorted by region."""
+        return [
+            msgspec.to_builtins(h.summary) | {"age_s": h.age_s, "stale": h.stale}
+            for h in self.heard(now)
+        ]
+
+
+RecordsOf = Callable[[], Mapping[str, NodeRecord]]
+FleetOf = Callable[[], Iterable[FleetNode]]
+JobCounts = Callable[[], tuple[int, int]]
+"""(queued, running) jobs of the region."""
+JobOf = Callable[[str], JobStatus | None]
+"""This region's status of a job id (None: not here)."""
+Accept = Callable[[JobForward | JobCancel], Awaitable[JobForwardReply]]
+"""What this region does with a job forwarded to it, or a cancel of one of its jobs."""
+
+
+class Federation:
+    """Publishes this region's summary, keeps the fleet view, answers and asks node
+    lookups; on one NATS connection (the controller's)."""
+
+    def __init__(
+        self,
+        nc: Client,
+        subjects: Subjects,
+        region: str,
+        records: RecordsOf,
+        fleet: FleetOf,
+        *,
+        interval_s: float = 5.0,
+        controller: str = "",
+        jobs: JobCounts | None = None,
+        leading: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.time,
+        latency_ms: Mapping[str, float] | None = None,
+        job_of: JobOf | None = None,
+        accept: Accept | None = None,
+    ) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self.region = region
+        self._records = records
+        self._fleet = fleet
+        self.interval_s = interval_s
+        self._controller = controller
+        self._jobs = jobs
+        self._leading = leading
+        self._clock = clock
+        self.view = FleetView()
+        self.configured_latency_ms: dict[str, float] = dict(latency_ms or {})
+        self._rtts: dict[str, deque[float]] = {}
+        self.job_of = job_of
+        self.accept = accept
+        self.every_interval: Callable[[], Awaitable[None]] | None = None
+        """Run by the leader after each summary (the job forwarding retry pass)."""
+        self._subs: list[Subscription] = []
+        self._submit_sub: Subscription | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._published = asyncio.Event()
+
+    async def start(self) -> None:
+        """Listen to every region's summaries, answer lookups, start publishing."""
+        self._subs.append(
+            await self._nc.subscribe(self._subjects.fed_summary("*"), cb=self._on_summary)
+        )
+        self._subs.append(
+            await self._nc.subscribe(self._subjects.fed_lookup(self.region), cb=self._on_lookup)
+        )
+        await self._sync_submit()
+        await self._nc.flush()
+        self._task = asyncio.create_task(self._publish_loop(), name="federation")
+
+    async def stop(self) -> None:
+        """Stop publishing and listening (idempotent)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        subs, self._subs = self._subs, []
+        if self._submit_sub is not None:
+            subs.append(self._submit_sub)
+            self._submit_sub = None
+        for sub in subs:
+            with contextlib.suppress(NatsError):
+                await sub.unsubscribe()
+
+    def summary(self) -> RegionSummary:
+        """This region's summary now."""
+        queued, running = self._jobs() if self._jobs is not None else (0, 0)
+        return summarize(
+            self.region,
+            self._records(),
+            self._fleet(),
+            self._clock(),
+            self.interval_s,
+            controller=self._controller,
+            queued_jobs=queued,
+            running_jobs=running,
+        )
+
+    def fleet(self) -> list[dict[str, Any]]:
+        """``GET /v1/fleet``: every region heard, this one from its own state now, each
+        with ``latency_ms`` (used for ``max_latency_ms``) and ``rtt_ms`` (measured)."""
+        now = self._clock()
+        own = msgspec.to_builtins(self.summary()) | {"age_s": 0.0, "stale": False}
+        others = [r for r in self.view.snapshot(now) if r["region"] != self.region]
+        rows = sorted([own, *others], key=lambda r: str(r["region"]))
+        measured = self.measured_rtt_ms()
+        for row in rows:
+            region = str(row["region"])
+            row["latency_ms"] = self.latency_ms(region)
+            row["rtt_ms"] = measured.get(region)
+        return rows
+
+    def measured_rtt_ms(self) -> dict[str, float]:
+        """The median measured round trip to each region pinged (milliseconds)."""
+        out = {}
+        for region, samples in self._rtts.items():
+            value = median(samples)
+            if value is not None:
+                out[region] = value
+        return out
+
+    def latency_ms(self, region: str) -> float | None:
+        """The latency to ``region`` used by ``max_latency_ms`` (configured, else measured)."""
+        return effective_latency(
+            region, self.region, self.configured_latency_ms, self.measured_rtt_ms()
+        )
+
+    def offers(self) -> list[RegionOffer]:
+        """Every region this controller could place a job in, this one first."""
+        offers = [RegionOffer(self.summary(), False, 0.0)]
+        for row in self.view.heard(self._clock()):
+            if row.summary.region != self.region:
+                offers.append(
+                    RegionOffer(row.summary, row.stale, self.latency_ms(row.summary.region))
+                )
+        return offers
+
+    async def forward(self, region: str, job: Job) -> JobForwardReply:
+        """Send ``job`` to ``region``'s leader; ``unavailable`` when nobody answers."""
+        request = encode(JobForward(job=job, origin=self.region))
+        reply = JobForwardReply(ok=False, region=region, error="unavailable")
+        for _ in range(FORWARD_TRIES):
+            try:
+                msg = await self._nc.request(
+                    self._subjects.fed_submit(region), request, timeout=FORWARD_TIMEOUT_S
+                )
+                reply = decode(msg.data, JobForwardReply)
+            except (NatsError, TimeoutError, CodecError) as exc:
+                log.warning("federation: forwarding %s to %s failed: %s", job.job_id, region, exc)
+                return JobForwardReply(ok=False, region=region, error="unavailable")
+            if reply.error != "not_leader":
+                return reply
+        return reply
+
+    async def cancel_remote(self, region: str, job_id: str) -> JobForwardReply:
+        """Ask ``region``'s leader to cancel its job ``job_id``."""
+        request = encode(JobCancel(job_id=job_id, origin=self.region))
+        try:
+            msg = await self._nc.request(
+                self._subjects.fed_submit(region), request, timeout=FORWARD_TIMEOUT_S
+            )
+            return decode(msg.data, JobForwardReply)
+        except (NatsError, TimeoutError, CodecError) as exc:
+            log.warning("federation: cancelling %s in %s failed: %s", job_id, region, exc)
+            return JobForwardReply(ok=False, region=region, error="unavailable")
+
+    async def find_job(self, job_id: str) -> JobLookupReply:
+        """Job ``job_id``: here, else the first other region that holds it."""
+        here = self.job_of(job_id) if self.job_of is not None else None
+        if here is not None:
+            return JobLookupReply(job_id=job_id, found=True, region=self.region, status=here)
+        request = encode(JobLookup(job_id=job_id))
+        for region in self.view.regions:
+            if region == self.region:
+                continue
+            try:
+                msg = await self._nc.request(
+                    self._subjects.fed_lookup(region), request, timeout=LOOKUP_TIMEOUT_S
+                )
+                reply = decode(msg.data, JobLookupReply)
+            except (NatsError, TimeoutError, CodecError) as exc:
+                log.info("federation: job lookup in %s failed: %s", region, exc)
+                continue
+            if reply.found:
+                return reply
+        return JobLookupReply(job_id=job_id, found=False)
+
+    async def ping_once(self) -> None:
+        """Measure the round trip to every other region heard that is not stale."""
+        now = self._clock()
+        targets = [
+            r.summary.region
+            for r in self.view.heard(now)
+            if r.summary.region != self.region and not r.stale
+        ]
+        await asyncio.gather(*(self._ping(region) for region in targets))
+
+    async def _ping(self, region: str) -> None:
+        request = encode(RegionPing(region=region, ts=self._clock()))
+        started = time.perf_counter()
+        try:
+            msg = await self._nc.request(
+                self._subjects.fed_lookup(region), request, timeout=LOOKUP_TIMEOUT_S
+            )
+            decode(msg.data, RegionPing)
+        except (NatsError, TimeoutError, CodecError) as exc:
+            log.info("federation: ping to %s failed: %s", region, exc)
+            return
+        rtt_ms = (time.perf_counter() - started) * 1000.0
+        self._rtts.setdefault(region, deque(maxlen=RTT_SAMPLES)).append(rtt_ms)
+
+    async def publish_once(self) -> None:
+        """Publish this region's summary (the leader does; followers only listen)."""
+        if not self._leading():
+            return
+        try:
+            await self._nc.publish(self._subjects.fed_summary(self.region), encode(self.summary()))
+        except NatsError as exc:
+            log.warning("federation: summary not published: %s", exc)
+
+    async def lookup(self, uuid: str) -> NodeLookupReply:
+        """The node with ``uuid``: here, else the first other region that knows it."""
+        local = find_uuid(self.region, self._records(), uuid)
+        if local.found:
+            return local
+        request = encode(NodeLookup(uuid=uuid))
+        for region in self.view.regions:
+            if region == self.region:
+                continue
+            subject = self._subjects.fed_lookup(region)
+            try:
+                msg = await self._nc.request(subject, request, timeout=LOOKUP_TIMEOUT_S)
+                reply = decode(msg.data, NodeLookupReply)
+            except (NatsError, TimeoutError, CodecError) as exc:
+                log.info("federation: lookup in %s failed: %s", region, exc)
+                continue
+            if reply.found:
+                return reply
+        return local
+
+    async def _sync_submit(self) -> None:
+        """Take forwarded jobs while leading (a follower does not hold the subscription,
+        so a forward never lands on it); the queue group covers a handover's overlap."""
+        leading = self._leading()
+        try:
+            if leading and self._submit_sub is None:
+                self._submit_sub = await self._nc.subscribe(
+                    self._subjects.fed_submit(self.region), queue=SUBMIT_QUEUE, cb=self._on_submit
+                )
+            elif not leading and self._submit_sub is not None:
+                sub, self._submit_sub = self._submit_sub, None
+                await sub.unsubscribe()
+        except NatsError as exc:
+            log.warning("federation: forwarded-job subscription not changed: %s", exc)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._sync_submit()
+            await self.publish_once()
+            if self._leading():
+                await self.ping_once()
+                if self.every_interval is not None:
+                    try:
+                        await self.every_interval()
+                    except Exception:  # one bad pass must not end the summaries
+                        log.exception("federation: interval pass failed")
+            await asyncio.sleep(self.interval_s)
+
+    async def _on_summary(self, msg: Msg) -> None:
+        try:
+            parsed = self._subjects.parse(msg.subject)
+            summary = decode(msg.data, RegionSummary)
+        except (SubjectError, CodecError) as exc:
+            log.warning("federation: ignoring %s: %s", msg.subject, exc)
+            return
+        if not isinstance(parsed, FedSummarySubject) or parsed.region != summary.region:
+            log.warning("federation: %s carries region %r", msg.subject, summary.region)
+            return
+        self.view.take(summary, self._clock())
+
+    async def _on_lookup(self, msg: Msg) -> None:
+        try:
+            asked = decode(msg.data)
+        except CodecError as exc:
+            log.warning("federation: bad lookup on %s: %s", msg.subject, exc)
+            return
+        answer: NodeLookupReply | JobLookupReply | RegionPing
+        if isinstance(asked, NodeLookup):
+            answer = find_uuid(self.region, self._records(), asked.uuid)
+        elif isinstance(asked, JobLookup):
+            status = self.job_of(asked.job_id) if self.job_of is not None else None
+            answer = JobLookupReply(
+                job_id=asked.job_id, found=status is not None, region=self.region, status=status
+            )
+        elif isinstance(asked, RegionPing):
+            answer = RegionPing(region=self.region, ts=self._clock())
+        else:
+            log.warning("federation: %s is not a lookup (%s)", msg.subject, type(asked).__name__)
+            return
+        if msg.reply:
+            with contextlib.suppress(NatsError):
+                await msg.respond(encode(answer))
+
+    async def _on_submit(self, msg: Msg) -> None:
+        try:
+            forwarded = decode(msg.data, JobForward | JobCancel)  # type: ignore[arg-type]
+        except CodecError as exc:
+            log.warning("federation: bad forwarded job on %s: %s", msg.subject, exc)
+            reply = JobForwardReply(
+                ok=False, region=self.region, error="rejected", reasons=(str(exc),)
+            )
+        else:
+            if self.accept is None:
+                reply = JobForwardReply(ok=False, region=self.region, error="unavailable")
+            else:
+                reply = await self.accept(forwarded)
+        if msg.reply:
+            with contextlib.suppress(NatsError):
+                await msg.respond(encode(reply))
+
+
+def job_counts(jobs: Mapping[str, JobStatus]) -> tuple[int, int]:
+    """(queued, running) among ``jobs`` (the job manager's statuses; pure)."""
+    states = Counter(s.state for s in jobs.values())
+    return states.get("queued", 0), states.get("running", 0)
+
+
+def find_uuid(region: str, records: Mapping[str, NodeRecord], uuid: str) -> NodeLookupReply:
+    """The reply for ``uuid`` from this region's records (pure)."""
+    if uuid:
+        for handle, record in records.items():
+            if record.node.uuid == uuid:
+                return NodeLookupReply(
+                    uuid=uuid, found=True, region=region, handle=handle, record=record
+                )
+    return NodeLookupReply(uuid=uuid, found=False)

@@ -1,0 +1,1 @@
+"""Durable JetStream consumers feeding the region controller, in per-node order."""

@@ -1,0 +1,1 @@
+"""Training jobs: spec, gang scheduler and state machine (pure), store and manager."""

@@ -1,0 +1,592 @@
+"""The life of one job as a pure state machine (docs/jobs.md).
+
+:func:`advance` takes a job's status, what the controller knows now (node grades, the
+replies to its commands, the time) and returns the next status, the commands to (re)send
+and the events to publish.  It never does I/O: the job manager (controller/jobs.py)
+persists the new status **before** it sends or publishes anything, so every step of a
+move is recorded in MG_JOBS before it is taken, and a restarted controller, calling
+:func:`advance` again on the stored status, re-sends the same commands (same ids: the
+agents answer a repeated id with their stored reply) and finishes the move.
+
+Placement is not decided here: queued jobs and moves in phase ``placing`` wait for the
+manager's queue pass (the scheduler sees every job at once), which calls :func:`placed`.
+
+A move: ``checkpointing`` (ask the live members for a checkpoint, with a deadline) →
+``stopping`` (stop every member, with a deadline; a dead node's members count as stopped)
+→ ``placing`` (or straight to ``starting`` on the same nodes for a hang or crash restart
+when they are all healthy) → ``starting`` (start every rank with resume-from) → running.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import msgspec
+from msgspec.structs import replace
+
+from metalguard.proto.base import AttrValue
+from metalguard.proto.events import CommandReply
+from metalguard.proto.jobs import (
+    TERMINAL_JOB_STATES,
+    CheckpointRef,
+    Job,
+    JobMove,
+    JobState,
+    JobStatus,
+    JobTransition,
+    MemberState,
+    MoveCause,
+    MovePhase,
+    MoveTarget,
+)
+
+HISTORY_MAX: Final = 50
+DEAD_GRADES: Final = frozenset({"UNREACHABLE"})
+"""A node in these grades cannot answer: its members count as stopped, no checkpoint."""
+EVACUATE: Final[dict[str, MoveCause]] = {
+    "FAILING": "node_failing",
+    "MAINTENANCE": "maintenance",
+    "UNREACHABLE": "lost",
+}
+"""Grades that move a job off a node, and the cause recorded."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Deadlines of the moves (seconds)."""
+
+    checkpoint_deadline_s: float = 30.0
+    stop_deadline_s: float = 30.0
+    start_deadline_s: float = 30.0
+    """A start not answered by then moves the job away from the silent nodes."""
+    master_port_base: int = 29500
+    master_port_span: int = 20000
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A command to send (again, if it has no reply yet) to a node."""
+
+    node: str
+    """Node handle ``region.cluster.node``."""
+    verb: str
+    command_id: str
+    args: dict[str, AttrValue | list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """An event to publish: ``kind`` (``job.*``), its message and attributes."""
+
+    kind: str
+    event_id: str
+    message: str = ""
+    attributes: dict[str, AttrValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """What the controller knows when it advances a job."""
+
+    now: float
+    grades: Mapping[str, str]
+    """Node handle → grade (a node not listed is treated as UNREACHABLE)."""
+    replies: Mapping[str, CommandReply] = field(default_factory=dict)
+    master_addr: str = ""
+    """MG_MASTER_ADDR for every gang (empty: rank 0's node name)."""
+    timings: Timings = Timings()
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """The result of :func:`advance`."""
+
+    status: JobStatus
+    sends: tuple[Send, ...] = ()
+    emits: tuple[Emit, ...] = ()
+
+
+# --- constructors and observations ------------------------------------------------------
+
+
+def submitted(job: Job, now: float, reason: str = "submitted") -> Step:
+    """The status of a newly submitted job: queued (``reason``: how it came)."""
+    why = "" if reason == "submitted" else reason
+    status = JobStatus(job_id=job.job_id, state="queued", job=job, updated_ts=now, reason=why)
+    status = _record(status, now, "queued", reason)
+    return Step(status, emits=(_emit(status, "job.queued", "0", f"{job.name} queued"),))
+
+
+def observe_member(
+    status: JobStatus,
+    node: str,
+    generation: int,
+    now: float,
+    *,
+    step: int | None = None,
+    exit_code: int | None = None,
+    digest: str = "",
+) -> JobStatus:
+    """A member's report (progress, exit) for ``generation``; stale ones are ignored."""
+    if generation != status.generation or status.state in TERMINAL_JOB_STATES:
+        return status
+    members = list(status.members)
+    for i, m in enumerate(members):
+        if m.node != node:
+            continue
+        new = m
+        if step is not None and step > m.step:
+            new = replace(new, step=step, progress_ts=now)
+        if exit_code is not None and m.exit_code is None:
+            new = replace(new, exit_code=exit_code)
+        if digest and not m.digest:
+            new = replace(new, digest=digest)
+        members[i] = new
+    return msgspec.structs.replace(status, members=tuple(members))
+
+
+def observe_checkpoint(status: JobStatus, checkpoint: CheckpointRef) -> JobStatus:
+    """A periodic checkpoint the workload reported: kept when newer than the last."""
+    last = status.last_checkpoint
+    if last is not None and last.step >= checkpoint.step:
+        return status
+    return msgspec.structs.replace(status, last_checkpoint=checkpoint)
+
+
+def resumed(status: JobStatus, now: float) -> JobStatus:
+    """After a controller restart: running members' progress clocks start again now (the
+    stored ones are stale), so no hang is declared for the time the controller was away."""
+    if status.state != "running":
+        return status
+    members = tuple(replace(m, progress_ts=now) for m in status.members)
+    return msgspec.structs.replace(status, members=members)
+
+
+def request_cancel(status: JobStatus, now: float) -> JobStatus:
+    """Mark a job for cancellation; :func:`advance` stops it and ends it ``cancelled``."""
+    if status.state in TERMINAL_JOB_STATES:
+        return status
+    return msgspec.structs.replace(status, cancel_requested=True, updated_ts=now)
+
+
+def preempt(status: JobStatus, now: float, by: str) -> Step:
+    """Begin preempting a running job for ``by``: checkpoint, stop, back to the queue."""
+    if status.state != "running" or status.move is not None:
+        return Step(status)
+    move = _new_move(status, "preempted", now, exclude=(), target="queue")
+    status = _set_move(status, move, now, "preempted", f"preempted by {by}")
+    emit = _emit(status, "job.preempted", move.move_id, f"preempted by {by}", {"by": by})
+    return Step(status, emits=(emit,))
+
+
+def needs_placement(status: JobStatus) -> bool:
+    """Whether the job waits for the queue pass (queued, or a move in phase placing)."""
+    if status.cancel_requested:
+        return False
+    if status.state == "queued":
+        return True
+    return status.move is not None and status.move.phase == "placing"
+
+
+def placed(status: JobStatus, nodes: tuple[str, ...], now: float, level: str = "") -> Step:
+    """The queue pass placed the job on ``nodes`` (rank order): start it."""
+    move = status.move
+    if move is None:  # from the queue: a first start, or a preempted job coming back
+        cause: MoveCause = "preempted" if status.generation > 0 else "operator"
+        move = _new_move(status, cause, now, exclude=(), target="place")
+        move = replace(move, phase="starting", move_id=f"{status.job_id}.g{status.generation + 1}")
+    else:
+        move = replace(move, phase="starting", phase_ts=now)
+    status = _start(status, move, nodes, now)
+    attrs: dict[str, AttrValue] = {"nodes": ",".join(nodes), "level": level}
+    emit = _emit(status, "job.placed", f"g{status.generation}", f"placed on {len(nodes)}", attrs)
+    return Step(status, emits=(emit,))
+
+
+# --- the machine -------------------------------------------------------------------------
+
+
+def advance(status: JobStatus, world: World) -> Step:
+    """The next status, the commands to (re)send and the events, from ``world``."""
+    if status.state in TERMINAL_JOB_STATES or status.job is None:
+        return Step(status)
+    if status.move is not None:
+        return _advance_move(status, status.move, world)
+    if status.cancel_requested:
+        if status.state == "queued":
+            return _end(status, "cancelled", world.now, "cancelled by request")
+        return _begin(status, "operator", world, exclude=(), target="cancelled", skip_ckpt=True)
+    if status.state != "running":
+        return Step(status)
+    return _watch_running(status, world)
+
+
+def _watch_running(status: JobStatus, world: World) -> Step:
+    job = status.job
+    assert job is not None
+    now = world.now
+    # a node that went bad takes precedence over what its members report
+    bad = {
+        m.node: world.grades.get(m.node, "UNREACHABLE")
+        for m in status.members
+        if world.grades.get(m.node, "UNREACHABLE") in EVACUATE
+    }
+    if bad:
+        cause = EVACUATE[sorted(bad.values(), key=list(EVACUATE).index)[0]]
+        dead = any(g in DEAD_GRADES for g in bad.values())
+        return _begin(status, cause, world, exclude=tuple(sorted(bad)), skip_ckpt=dead)
+    exited = [m for m in status.members if m.exit_code is not None]
+    if exited and all(m.exit_code == 0 for m in status.members):
+        digest = next((m.digest for m in status.members if m.rank == 0), "")
+        step = _end(status, "succeeded", now, "every member exited 0", digest=digest)
+        attrs: dict[str, AttrValue] = {"digest": digest, "restarts": status.restarts}
+        emit = _emit(step.status, "job.finished", "end", f"{job.name} finished", attrs)
+        return Step(step.status, step.sends, (*step.emits, emit))
+    crashed = [m for m in exited if m.exit_code != 0]
+    if crashed:
+        m = crashed[0]
+        attrs = {"rank": m.rank, "exit_code": m.exit_code, "node": m.node}
+        why = f"rank {m.rank} on {m.node} exited {m.exit_code}"
+        return _restart(status, "crash", world, why, "job.crashed", attrs)
+    if job.hang_timeout > 0:
+        hung = [
+            m
+            for m in status.members
+            if m.exit_code is None
+            and world.grades.get(m.node) == "HEALTHY"
+            and now - m.progress_ts >= job.hang_timeout
+        ]
+        if hung:
+            steps = ",".join(f"{m.rank}={m.step}" for m in status.members)
+            why = f"no progress for {job.hang_timeout:g} s (last steps {steps})"
+            attrs = {"last_steps": steps, "hang_timeout": job.hang_timeout}
+            return _restart(status, "hang", world, why, "job.hung", attrs)
+    return Step(status)
+
+
+def _restart(
+    status: JobStatus,
+    cause: MoveCause,
+    world: World,
+    why: str,
+    kind: str,
+    attrs: dict[str, AttrValue],
+) -> Step:
+    """A hang or a crash: restart from the last checkpoint, within the restart budget."""
+    job = status.job
+    assert job is not None
+    crashes = status.crashes + 1
+    status = msgspec.structs.replace(status, crashes=crashes)
+    emit = _emit(status, kind, f"g{status.generation}", why, attrs)
+    if crashes > job.max_restarts:
+        why = f"{why}; restart budget of {job.max_restarts} spent"
+        step = _begin(status, cause, world, exclude=(), target="failed", skip_ckpt=True, why=why)
+    else:
+        step = _begin(status, cause, world, exclude=(), skip_ckpt=True, why=why)
+    return Step(step.status, step.sends, (emit, *step.emits))
+
+
+def _begin(
+    status: JobStatus,
+    cause: MoveCause,
+    world: World,
+    *,
+    exclude: tuple[str, ...],
+    target: MoveTarget = "place",
+    skip_ckpt: bool = False,
+    why: str = "",
+) -> Step:
+    move = _new_move(status, cause, world.now, exclude=exclude, target=target)
+    live = [m for m in status.members if world.grades.get(m.node) not in DEAD_GRADES]
+    if skip_ckpt or not live or not status.members:
+        move = replace(move, phase="stopping", checkpoint=status.last_checkpoint)
+    state: JobState = "checkpointing" if move.phase == "checkpointing" else "rescheduling"
+    reason = why or f"{cause}: {', '.join(exclude) or 'restart'}"
+    status = _set_move(status, move, world.now, state, reason)
+    step = _advance_move(status, move, world)
+    ckpt = move.checkpoint
+    if move.phase == "checkpointing" or ckpt is None or target in ("failed", "cancelled"):
+        return step
+    attrs: dict[str, AttrValue] = {"step": ckpt.step, "path": ckpt.path, "fresh": False}
+    message = f"periodic checkpoint at step {ckpt.step} (no fresh one: {cause})"
+    chosen = _emit(status, "job.checkpointed", move.move_id, message, attrs)
+    return Step(step.status, step.sends, (chosen, *step.emits))
+
+
+def _advance_move(status: JobStatus, move: JobMove, world: World) -> Step:
+    now, t = world.now, world.timings
+    if move.phase == "checkpointing":
+        sends = tuple(
+            Send(m.node, "checkpoint", f"{move.move_id}.ckpt.r{m.rank}", _job_args(status, m))
+            for m in status.members
+            if world.grades.get(m.node) not in DEAD_GRADES
+        )
+        got = [world.replies[s.command_id] for s in sends if s.command_id in world.replies]
+        fresh = _newest(got, now)
+        if len(got) < len(sends) and now - move.phase_ts < t.checkpoint_deadline_s:
+            return Step(status, sends=tuple(s for s in sends if s.command_id not in world.replies))
+        chosen = fresh or status.last_checkpoint
+        move = replace(
+            move, phase="stopping", phase_ts=now, checkpoint=chosen, fresh=fresh is not None
+        )
+        last = status.last_checkpoint if fresh is None else fresh
+        status = msgspec.structs.replace(status, last_checkpoint=last)
+        status = _set_move(status, move, now, "rescheduling", "checkpoint chosen")
+        emits: tuple[Emit, ...] = ()
+        if chosen is not None:
+            attrs: dict[str, AttrValue] = {
+                "step": chosen.step,
+                "path": chosen.path,
+                "fresh": fresh is not None,
+            }
+            message = f"{'fresh' if fresh else 'periodic'} checkpoint at step {chosen.step}"
+            emits = (_emit(status, "job.checkpointed", move.move_id, message, attrs),)
+        step = _advance_move(status, move, world)
+        return Step(step.status, step.sends, (*emits, *step.emits))
+    if move.phase == "stopping":
+        sends = tuple(
+            Send(m.node, "stop", f"{move.move_id}.stop.r{m.rank}", _job_args(status, m))
+            for m in status.members
+            if world.grades.get(m.node) not in DEAD_GRADES
+        )
+        waiting = tuple(s for s in sends if s.command_id not in world.replies)
+        if waiting and now - move.phase_ts < t.stop_deadline_s:
+            return Step(status, sends=waiting)
+        nodes = ",".join(m.node for m in status.members)
+        stopped = _emit(status, "job.stopped", move.move_id, "members stopped", {"nodes": nodes})
+        step = _after_stop(status, move, world)
+        return Step(step.status, step.sends, (stopped, *step.emits))
+    if move.phase == "starting":
+        return _starting(status, move, world)
+    if status.cancel_requested:  # placing: nothing runs any more, nothing to stop
+        return _end(status, "cancelled", now, "cancelled by request while waiting to be placed")
+    return Step(status)  # placing: the queue pass
+
+
+def _after_stop(status: JobStatus, move: JobMove, world: World) -> Step:
+    now = world.now
+    if move.target in ("failed", "cancelled"):
+        return _end(status, move.target, now, status.history[-1].reason if status.history else "")
+    if move.target == "queue":
+        status = msgspec.structs.replace(
+            status, move=None, members=(), placement=(), last_checkpoint=move.checkpoint
+        )
+        status = _record(status, now, "queued", "requeued after preemption", step=_step(move))
+        return Step(status)
+    same = move.cause in ("hang", "crash") and all(
+        world.grades.get(n) == "HEALTHY" for n in status.placement
+    )
+    if same:
+        move = replace(move, phase="starting", phase_ts=now)
+        status = _start(status, move, status.placement, now)
+        return _starting(status, move, world)
+    exclude = tuple(
+        sorted({*move.exclude, *(n for n in status.placement if world.grades.get(n) != "HEALTHY")})
+    )
+    move = replace(move, phase="placing", phase_ts=now, exclude=exclude)
+    status = msgspec.structs.replace(status, placement=(), members=())  # it holds no node
+    status = _set_move(status, move, now, "rescheduling", "waiting for a placement")
+    return Step(status)
+
+
+def _start(status: JobStatus, move: JobMove, nodes: tuple[str, ...], now: float) -> JobStatus:
+    """Record a new generation on ``nodes``, resuming from ``move.checkpoint``."""
+    generation = status.generation + 1
+    members = tuple(MemberState(rank=r, node=n, progress_ts=now) for r, n in enumerate(nodes))
+    ckpt = move.checkpoint
+    resume = ckpt.step if ckpt is not None else None
+    redone = status.steps_redone + max(0, move.last_step - (resume or 0))
+    restarts = status.restarts + (1 if status.generation > 0 else 0)
+    status = msgspec.structs.replace(
+        status,
+        generation=generation,
+        members=members,
+        placement=nodes,
+        move=move,
+        resumed_from_step=resume,
+        steps_redone=redone if status.generation > 0 else status.steps_redone,
+        restarts=restarts,
+    )
+    return _record(
+        status, now, "placing", "starting", from_nodes=move.from_nodes, to=nodes, step=resume
+    )
+
+
+def _starting(status: JobStatus, move: JobMove, world: World) -> Step:
+    now = world.now
+    sends = _start_sends(status, world)
+    waiting = tuple(s for s in sends if s.command_id not in world.replies)
+    grades = {m.node: world.grades.get(m.node, "UNREACHABLE") for m in status.members}
+    bad = tuple(sorted(n for n, g in grades.items() if g in EVACUATE))
+    late = now - move.phase_ts >= world.timings.start_deadline_s
+    if bad or (waiting and late):  # a node went bad or never answered: move again
+        exclude = bad or tuple(sorted({s.node for s in waiting}))
+        cause = EVACUATE[grades[bad[0]]] if bad else "lost"
+        spent = status.downtime_s + max(0.0, now - move.started_ts)
+        status = msgspec.structs.replace(status, move=None, downtime_s=spent)
+        why = f"{cause} while starting: {', '.join(exclude)}"
+        return _begin(status, cause, world, exclude=exclude, skip_ckpt=True, why=why)
+    if waiting:
+        return Step(status, sends=waiting)
+    failed = [world.replies[s.command_id] for s in sends if not world.replies[s.command_id].ok]
+    status = msgspec.structs.replace(status, move=None)
+    if failed:  # a node refused the start: move it again, away from the refusing nodes
+        bad = tuple(sorted({s.node for s in sends if not world.replies[s.command_id].ok}))
+        why = f"start refused on {', '.join(bad)}: {failed[0].message}"
+        return _begin(status, "crash", world, exclude=bad, skip_ckpt=True, why=why)
+    members = tuple(replace(m, progress_ts=now) for m in status.members)
+    first = status.generation == 1 and move.cause == "operator"
+    downtime = 0.0 if first else max(0.0, now - move.started_ts)
+    status = msgspec.structs.replace(
+        status, members=members, downtime_s=status.downtime_s + downtime
+    )
+    status = _record(status, now, "running", "started", to=status.placement)
+    started: dict[str, AttrValue] = {
+        "generation": status.generation,
+        "resume_step": status.resumed_from_step,
+    }
+    emits = [_emit(status, "job.started", f"g{status.generation}", "started", started)]
+    if not first:
+        resume = status.resumed_from_step or 0
+        attrs: dict[str, AttrValue] = {
+            "from": ",".join(move.from_nodes),
+            "to": ",".join(status.placement),
+            "step": resume,
+            "downtime_s": round(downtime, 3),
+            "cause": move.cause,
+        }
+        msg = f"{move.cause}: resumed at step {resume} after {downtime:.1f} s"
+        emits.append(_emit(status, "job.rescheduled", move.move_id, msg, attrs))
+        lost = max(0, move.last_step - resume)
+        if lost:
+            lost_attrs: dict[str, AttrValue] = {"steps_redone": lost, "step": resume}
+            msg = f"{lost} steps to redo"
+            emits.append(_emit(status, "job.lost_progress", move.move_id, msg, lost_attrs))
+    return Step(status, sends=(), emits=tuple(emits))
+
+
+def _start_sends(status: JobStatus, world: World) -> tuple[Send, ...]:
+    """The start commands of the current generation (idempotent: resent until answered)."""
+    job = status.job
+    assert job is not None
+    move = status.move
+    if move is None:
+        return ()
+    ckpt = move.checkpoint
+    port = world.timings.master_port_base + (
+        (zlib.crc32(status.job_id.encode()) + status.generation * 7919)
+        % world.timings.master_port_span
+    )
+    master = world.master_addr or (
+        status.placement[0].rsplit(".", 1)[-1] if status.placement else ""
+    )
+    sends = []
+    for m in status.members:
+        args = _job_args(status, m)
+        args |= {
+            "world_size": len(status.members),
+            "master_addr": master,
+            "master_port": port,
+            "command": job.command,
+            "args": list(job.args),
+            "env": [f"{k}={v}" for k, v in sorted(job.env.items())],
+            "checkpoint_dir": job.checkpoint_dir,
+            "checkpoint_every": job.checkpoint_every,
+        }
+        args["resume_from"] = ckpt.path if ckpt is not None else ""
+        args["resume_step"] = ckpt.step if ckpt is not None else 0
+        command_id = f"{status.job_id}.g{status.generation}.start.r{m.rank}"
+        sends.append(Send(m.node, "start", command_id, args))
+    return tuple(sends)
+
+
+def _job_args(status: JobStatus, m: MemberState) -> dict[str, AttrValue | list[str]]:
+    return {"job_id": status.job_id, "generation": status.generation, "rank": m.rank}
+
+
+def _newest(replies: list[CommandReply], now: float) -> CheckpointRef | None:
+    best: CheckpointRef | None = None
+    for r in replies:
+        step, path = r.result.get("step"), r.result.get("path")
+        if not r.ok or not isinstance(step, int) or not isinstance(path, str) or not path:
+            continue
+        if best is None or step > best.step:
+            best = CheckpointRef(path=path, step=step, ts=now)
+    return best
+
+
+def _new_move(
+    status: JobStatus,
+    cause: MoveCause,
+    now: float,
+    *,
+    exclude: tuple[str, ...],
+    target: MoveTarget,
+) -> JobMove:
+    phase: MovePhase = "checkpointing"
+    last = max((m.step for m in status.members), default=0)
+    return JobMove(
+        move_id=f"{status.job_id}.m{status.generation}.{cause}",
+        cause=cause,
+        phase=phase,
+        started_ts=now,
+        phase_ts=now,
+        from_nodes=status.placement,
+        exclude=exclude,
+        checkpoint=status.last_checkpoint,
+        last_step=last,
+        target=target,
+    )
+
+
+def _set_move(
+    status: JobStatus, move: JobMove, now: float, state: JobState, reason: str
+) -> JobStatus:
+    status = msgspec.structs.replace(status, move=move)
+    return _record(status, now, state, reason, from_nodes=move.from_nodes, step=_step(move))
+
+
+def _step(move: JobMove) -> int | None:
+    return move.checkpoint.step if move.checkpoint is not None else None
+
+
+def _end(status: JobStatus, state: JobState, now: float, reason: str, digest: str = "") -> Step:
+    status = msgspec.structs.replace(
+        status, move=None, reason=reason, digest=digest or status.digest
+    )
+    status = _record(status, now, state, reason)
+    emits: tuple[Emit, ...] = ()
+    if state in ("failed", "cancelled"):
+        kind = f"job.{state}"
+        emits = (_emit(status, kind, "end", reason, {"reason": reason}),)
+    return Step(status, emits=emits)
+
+
+def _record(
+    status: JobStatus,
+    now: float,
+    state: JobState,
+    reason: str,
+    *,
+    from_nodes: tuple[str, ...] = (),
+    to: tuple[str, ...] = (),
+    step: int | None = None,
+) -> JobStatus:
+    entry = JobTransition(
+        ts=now, state=state, reason=reason, from_nodes=from_nodes, to_nodes=to, step=step
+    )
+    history = (*status.history, entry)[-HISTORY_MAX:]
+    return msgspec.structs.replace(status, state=state, history=history, updated_ts=now)
+
+
+def _emit(
+    status: JobStatus,
+    kind: str,
+    suffix: str,
+    message: str,
+    attributes: dict[str, AttrValue] | None = None,
+) -> Emit:
+    return Emit(kind, f"{status.job_id}.{kind}.{suffix}", message, dict(attributes or {}))

@@ -1,0 +1,502 @@
+"""The job manager: the thin I/O around the job state machine (docs/jobs.md).
+
+Every ``tick_s`` (and at once when something happens) one pass:
+
+1. each unfinished job is advanced by :func:`controller.jobs_machine.advance` against the
+   node grades (MG_NODES, read from the region controller's store) and the replies to
+   its commands; a changed status is written to MG_JOBS **before** its events are
+   published and its commands sent;
+2. the queue pass (:func:`controller.scheduler.schedule_queue`) places queued jobs and
+   moves waiting for a placement, and starts preemptions.
+
+It hears from the nodes through their ``job_*`` NodeEvents (progress, periodic
+checkpoints, exits; docs/workloads.md) and talks to them with ``start`` / ``checkpoint`` /
+``stop`` commands, idempotent by id, so a restarted manager re-sends what its stored
+status says and the agents answer repeats from their memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+
+from metalguard.controller.jobs import machine
+from metalguard.controller.jobs.machine import Emit, Send, Step, Timings, World
+from metalguard.controller.jobs.scheduler import (
+    FleetNode,
+    JobRequest,
+    RunningJob,
+    request_from_job,
+    schedule_queue,
+)
+from metalguard.controller.jobs.spec import NotLeaderError, parse_job
+from metalguard.controller.jobs.store import JobConflictError, JobStore
+from metalguard.proto.base import NodeIdentity
+from metalguard.proto.codec import CodecError, decode, encode
+from metalguard.proto.events import Command, CommandReply, ControllerEvent, NodeEvent
+from metalguard.proto.jobs import TERMINAL_JOB_STATES, CheckpointRef, Job, JobStatus
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.subjects import Subjects
+
+log = logging.getLogger(__name__)
+
+
+class NodeRecords(Protocol):
+    """The node records, by handle (``NodeStore``)."""
+
+    @property
+    def records(self) -> Mapping[str, NodeRecord]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """The job manager's knobs (``[jobs]`` in the controller config; docs/jobs.md)."""
+
+    tick_s: float = 1.0
+    checkpoint_deadline_s: float = 30.0
+    stop_grace_s: float = 10.0
+    start_timeout_s: float = 10.0
+    master_addr: str = ""
+    """MG_MASTER_ADDR for every gang ("" = rank 0's node name; the demo uses 127.0.0.1)."""
+    progress_write_s: float = 5.0
+    """A progress-only change (steps) is written to MG_JOBS at most this often."""
+
+
+FleetView = Callable[[Mapping[str, NodeRecord]], list[FleetNode]]
+
+
+def fleet_from_records(records: Mapping[str, NodeRecord]) -> list[FleetNode]:
+    """The scheduler's view of the nodes: place from the record (rack, else the ``k<N>``
+    of a simulated node's name), grade and cordon; whole nodes (no capacity figures)."""
+    nodes = []
+    for handle, r in records.items():
+        rack = r.rack or _sim_rack(r.node.node)
+        nodes.append(
+            FleetNode(
+                handle=handle,
+                region=r.node.region,
+                cluster=r.node.cluster,
+                rack=rack,
+                grade=r.grade,
+                cordoned=r.cordoned or r.held,
+            )
+        )
+    return nodes
+
+
+def _sim_rack(name: str) -> str:
+    """``r1c1k2n3`` → ``k2`` (simulated fleets); "" for other names."""
+    k, n = name.find("k"), name.rfind("n")
+    return name[k:n] if name.startswith("r") and 0 < k < n else ""
+
+
+class JobManager:
+    """Runs the jobs of one region over NATS, MG_JOBS and the node records."""
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        store: JobStore,
+        nodes: NodeRecords,
+        subjects: Subjects,
+        region: str,
+        settings: JobSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        fleet: FleetView = fleet_from_records,
+        leading: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._nc = nc
+        self._js = js
+        self.store = store
+        self._nodes = nodes
+        self._subjects = subjects
+        self.region = region
+        self.settings = settings or JobSettings()
+        self._clock = clock
+        self._fleet = fleet
+        self._leading = leading
+        self._led = True
+        """Whether the last pass ran as the leader (a new leader reloads MG_JOBS first)."""
+        self._timings = Timings(
+            checkpoint_deadline_s=self.settings.checkpoint_deadline_s,
+            stop_deadline_s=self.settings.stop_grace_s + 5.0,
+            start_deadline_s=self.settings.start_timeout_s * 3,
+        )
+        self._live: dict[str, JobStatus] = {}
+        """The newest status of each job (may be ahead of MG_JOBS in progress only)."""
+        self._written_ts: dict[str, float] = {}
+        self._replies: dict[str, CommandReply] = {}
+        self._inflight: set[str] = set()
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sub: Any = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load MG_JOBS, listen to the nodes' job events and start the passes."""
+        await self._reload()
+        subject = self._subjects.node_event(self.region, "*", "*", "*")
+        self._sub = await self._nc.subscribe(subject, cb=self._on_event)
+        self._task = asyncio.create_task(self._run(), name="job-manager")
+
+    async def stop(self) -> None:
+        """Stop the passes and the subscription (jobs keep running on the nodes)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._sub is not None:
+            with contextlib.suppress(NatsError):
+                await self._sub.unsubscribe()
+            self._sub = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def wake(self) -> None:
+        """Run a pass now (something changed)."""
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.run_pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("job pass failed; retrying on the next tick")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.tick_s)
+            self._wake.clear()
+
+    # --- the API ------------------------------------------------------------------------
+
+    @property
+    def jobs(self) -> Mapping[str, JobStatus]:
+        """Every job's newest status, by id."""
+        return self._live
+
+    async def submit(self, raw: Any) -> JobStatus:
+        """Validate and queue a job (JobRejectedError with every reason when invalid)."""
+        job = parse_job(raw, self._clock())
+        return await self.submit_job(job)
+
+    def _check_leading(self) -> None:
+        if not self._leading():
+            raise NotLeaderError("this controller does not lead the region; ask the leader")
+
+    async def submit_job(self, job: Job, reason: str = "submitted") -> JobStatus:
+        """Queue a valid job; JobExistsError when its id is taken."""
+        self._check_leading()
+        step = machine.submitted(job, self._clock(), reason)
+        async with self._lock:
+            await self.store.create(step.status)
+            self._live[job.job_id] = step.status
+            self._written_ts[job.job_id] = self._clock()
+            await self._publish(step.status, step.emits)
+        self.wake()
+        return step.status
+
+    async def hand_over(self, job_id: str, send: Callable[[Job], Awaitable[bool]]) -> bool:
+        """Give a job that never started to another region: ``send`` it and, when it was
+        taken, forget it here (MG_JOBS delete).  Under the manager's lock, so the queue
+        pass cannot start it meanwhile; False when it is no longer a never-started queued
+        job or ``send`` failed."""
+        async with self._lock:
+            status = self._live.get(job_id)
+            if status is None or not handed_over_ok(status) or status.job is None:
+                return False
+            if not await send(status.job):
+                return False
+            await self.store.delete(job_id)
+            self._live.pop(job_id, None)
+            self._written_ts.pop(job_id, None)
+        return True
+
+    async def cancel(self, job_id: str) -> JobStatus | None:
+        """Ask for a job's cancellation (None: no such job)."""
+        self._check_leading()
+        async with self._lock:
+            status = self._live.get(job_id)
+            if status is None:
+                return None
+            new = machine.request_cancel(status, self._clock())
+            if new != status:
+                await self._write(new, force=True)
+        self.wake()
+        return self._live[job_id]
+
+    # --- one pass -----------------------------------------------------------------------
+
+    async def run_pass(self) -> None:
+        """Advance every unfinished job, then place what waits for a placement.
+
+        Only the region's leader acts; a follower (or a controller that just took the
+        lease) reloads MG_JOBS instead, so it serves fresh reads and resumes any move.
+        """
+        async with self._lock:
+            leading = self._leading()
+            if not leading or not self._led:
+                await self._reload()
+            self._led = leading
+            if not leading:
+                return
+            records = self._nodes.records
+            world = World(
+                now=self._clock(),
+                grades={h: r.grade for h, r in records.items()},
+                replies=self._replies,
+                master_addr=self.settings.master_addr,
+                timings=self._timings,
+            )
+            for job_id in list(self._live):
+                status = self._live[job_id]
+                if status.state in TERMINAL_JOB_STATES:
+                    continue
+                await self._apply(machine.advance(status, world))
+            await self._queue_pass(records, world)
+            self._forget_replies()
+
+    async def _reload(self) -> None:
+        await self.store.load()
+        now = self._clock()
+        self._live = {k: machine.resumed(s, now) for k, s in self.store.jobs.items()}
+
+    async def _queue_pass(self, records: Mapping[str, NodeRecord], world: World) -> None:
+        waiting = [s for s in self._live.values() if machine.needs_placement(s)]
+        if not waiting:
+            return
+        queue: list[JobRequest] = []
+        running: list[RunningJob] = []
+        for s in self._live.values():
+            if s.job is None or s.state in TERMINAL_JOB_STATES:
+                continue
+            if machine.needs_placement(s):
+                exclude = s.move.exclude if s.move is not None else ()
+                queue.append(request_from_job(s.job, exclude))
+            elif s.placement:
+                running.append(RunningJob(request_from_job(s.job), s.placement))
+        decided = schedule_queue(queue, self._fleet(records), running)
+        for p in decided.placements:
+            status = self._live[p.job_id]
+            await self._apply(machine.placed(status, p.nodes, world.now, p.level))
+            await self._apply(machine.advance(self._live[p.job_id], world))
+        for pre in decided.preemptions:
+            for victim in pre.victims:
+                held = self._live.get(victim)
+                if held is not None:
+                    step = machine.preempt(held, world.now, pre.job_id)
+                    await self._apply(step)
+                    await self._apply(machine.advance(self._live[victim], world))
+
+    async def _apply(self, step: Step) -> None:
+        """Persist the new status, then publish its events, then send its commands."""
+        status = step.status
+        if status != self._live.get(status.job_id):
+            await self._write(status, force=True)
+        await self._publish(status, step.emits)
+        for send in step.sends:
+            self._send(status, send)
+
+    async def _write(self, status: JobStatus, *, force: bool) -> None:
+        now = self._clock()
+        try:
+            await self.store.put(status)
+        except JobConflictError:
+            fresh = await self.store.refresh(status.job_id)
+            log.warning("job %s changed in MG_JOBS by another writer; reloaded", status.job_id)
+            if fresh is not None:
+                self._live[status.job_id] = fresh
+            return
+        self._live[status.job_id] = status
+        self._written_ts[status.job_id] = now
+
+    async def _publish(self, status: JobStatus, emits: Iterable[Emit]) -> None:
+        for e in emits:
+            event = ControllerEvent(
+                event_id=e.event_id,
+                ts=self._clock(),
+                region=self.region,
+                kind=e.kind,
+                job_id=status.job_id,
+                message=e.message,
+                attributes=e.attributes,
+            )
+            try:
+                await self._js.publish(
+                    self._subjects.control(self.region, e.kind),
+                    encode(event),
+                    headers={"Nats-Msg-Id": event.event_id},
+                )
+            except NatsError as exc:
+                log.warning("event %s not published: %s", event.event_id, exc)
+
+    # --- commands -----------------------------------------------------------------------
+
+    def _send(self, status: JobStatus, send: Send) -> None:
+        if send.command_id in self._inflight or send.command_id in self._replies:
+            return
+        self._inflight.add(send.command_id)
+        task = asyncio.create_task(self._request(send), name=f"cmd-{send.command_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _request(self, send: Send) -> None:
+        region, cluster, node = send.node.split(".", 2)
+        args = dict(send.args)
+        timeout = self.settings.start_timeout_s
+        if send.verb == "checkpoint":
+            args["timeout_s"] = self.settings.checkpoint_deadline_s
+            timeout = self.settings.checkpoint_deadline_s + 5.0
+        elif send.verb == "stop":
+            args["grace_s"] = self.settings.stop_grace_s
+            timeout = self.settings.stop_grace_s + 5.0
+        command = Command(
+            command_id=send.command_id,
+            ts=self._clock(),
+            node=NodeIdentity(region=region, cluster=cluster, node=node),
+            verb=send.verb,
+            args=args,
+            issued_by="controller:jobs",
+        )
+        subject = self._subjects.command(region, cluster, node, send.verb)
+        try:
+            msg = await self._nc.request(subject, encode(command), timeout=timeout)
+            reply = decode(msg.data, CommandReply)
+        except (NatsError, TimeoutError, CodecError) as exc:
+            log.info("%s %s to %s: no answer (%s)", send.verb, send.command_id, send.node, exc)
+        else:
+            self._replies[send.command_id] = reply
+            if not reply.ok:
+                log.info("%s %s refused: %s", send.verb, send.command_id, reply.message)
+            self.wake()
+        finally:
+            self._inflight.discard(send.command_id)
+
+    def _forget_replies(self) -> None:
+        """Drop replies of jobs that ended (ids start with the job id)."""
+        if len(self._replies) < 4096:
+            return
+        ended = {j for j, s in self._live.items() if s.state in TERMINAL_JOB_STATES}
+        for cid in [c for c in self._replies if c.split(".", 1)[0] in ended]:
+            del self._replies[cid]
+
+    # --- the nodes' job events ------------------------------------------------------------
+
+    async def _on_event(self, msg: Msg) -> None:
+        try:
+            event = decode(msg.data, NodeEvent)
+        except CodecError:
+            return
+        if not event.kind.startswith("job_") or not self._leading():
+            return
+        job_id = event.attributes.get("job_id") or event.device
+        status = self._live.get(str(job_id))
+        if status is None:
+            return
+        node = f"{event.node.region}.{event.node.cluster}.{event.node.node}"
+        new = observe(status, node, event, self._clock())
+        if new == status:
+            return
+        async with self._lock:
+            current = self._live.get(status.job_id)
+            if current is None:
+                return
+            new = observe(current, node, event, self._clock())
+            self._live[status.job_id] = new
+            significant = _significant(new) != _significant(current)
+            stale = self._clock() - self._written_ts.get(status.job_id, 0.0)
+            if significant or stale >= self.settings.progress_write_s:
+                await self._write(new, force=True)
+        if significant:
+            self.wake()
+
+
+def handed_over_ok(status: JobStatus) -> bool:
+    """Whether a job may still go to another region: queued, never started, no move,
+    no cancel asked (pure)."""
+    return (
+        status.state == "queued"
+        and status.generation == 0
+        and status.move is None
+        and not status.cancel_requested
+    )
+
+
+def observe(status: JobStatus, node: str, event: NodeEvent, now: float) -> JobStatus:
+    """Take one ``job_*`` NodeEvent into the status (pure)."""
+    attrs = event.attributes
+    member = next((m for m in status.members if m.node == node), None)
+    if member is None:
+        return status
+    generation = status.generation
+    if event.kind == "job_progress":
+        step = attrs.get("step")
+        if isinstance(step, int) and step >= 0:
+            return machine.observe_member(status, node, generation, now, step=step)
+    elif event.kind == "job_checkpointed":
+        step, path = attrs.get("step"), attrs.get("path")
+        if isinstance(step, int) and isinstance(path, str) and path:
+            status = machine.observe_member(status, node, generation, now, step=step)
+            return machine.observe_checkpoint(status, CheckpointRef(path=path, step=step, ts=now))
+    elif event.kind == "job_exited":
+        if attrs.get("stopped") is True:
+            return status  # we stopped it (a move); not a crash
+        code = attrs.get("exit_code")
+        if not isinstance(code, int):
+            signal = attrs.get("signal")
+            code = -9 if signal else 1
+        digest = attrs.get("digest")
+        step = attrs.get("step")
+        return machine.observe_member(
+            status,
+            node,
+            generation,
+            now,
+            exit_code=code,
+            digest=digest if isinstance(digest, str) else "",
+            step=step if isinstance(step, int) and step >= 0 else None,
+        )
+    return status
+
+
+def _significant(status: JobStatus) -> bytes:
+    """The status without progress-only fields (what must be written at once)."""
+    members = tuple(msgspec.structs.replace(m, step=0, progress_ts=0.0) for m in status.members)
+    return encode(msgspec.structs.replace(status, members=members, updated_ts=0.0))
+
+
+def report_rows(jobs: Iterable[JobStatus]) -> list[dict[str, Any]]:
+    """The demo report's ``jobs`` list (docs/demo.md)."""
+    rows = []
+    for s in sorted(jobs, key=lambda s: (s.job.submitted_ts if s.job else 0.0, s.job_id)):
+        rows.append(
+            {
+                "id": s.job_id,
+                "name": s.job.name if s.job else "",
+                "state": s.state,
+                "placement": list(s.placement),
+                "restarts": s.restarts,
+                "resumed_from_step": s.resumed_from_step,
+                "steps_redone": s.steps_redone,
+                "downtime_s": round(s.downtime_s, 3),
+                "digest": s.digest,
+            }
+        )
+    return rows

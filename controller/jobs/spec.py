@@ -1,0 +1,116 @@
+"""Turning a submitted job (JSON, TOML or CLI flags) into a valid :class:`proto.jobs.Job`.
+
+Pure: :func:`parse_job` decodes plain data and collects every problem it can find, so an
+invalid job is rejected with all its reasons at once (docs/jobs.md).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any, Final
+
+import msgspec
+
+from metalguard.proto.documents import describe_validation_error
+from metalguard.proto.jobs import Job
+
+JOB_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+ENV_NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+RESERVED_ENV: Final = frozenset(
+    {
+        "MG_JOB_ID",
+        "MG_RANK",
+        "MG_WORLD_SIZE",
+        "MG_MASTER_ADDR",
+        "MG_MASTER_PORT",
+        "MG_CHECKPOINT_DIR",
+        "MG_RESUME_FROM",
+    }
+)
+MAX_NODES: Final = 100_000
+SET_BY_CONTROLLER: Final = ("submitted_ts", "v", "type")
+
+
+class NotLeaderError(Exception):
+    """Jobs are submitted and cancelled through the region's leading controller."""
+
+
+class JobRejectedError(ValueError):
+    """The job is invalid; ``reasons`` lists every problem found."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__("; ".join(reasons))
+        self.reasons = reasons
+
+
+def new_job_id() -> str:
+    """A fresh job id, ``j-`` and 12 hex digits (a valid KV key and subject token)."""
+    return f"j-{uuid.uuid4().hex[:12]}"
+
+
+def parse_job(raw: Any, now: float, job_id: str | None = None) -> Job:
+    """Validate a submitted job (plain data) into a Job stamped ``submitted_ts = now``.
+
+    The id is ``raw["job_id"]`` when given, else ``job_id``, else a new one.
+    JobRejectedError with every reason found (unknown keys, types, ranges, semantics).
+    """
+    if not isinstance(raw, dict):
+        raise JobRejectedError(["the job must be an object (a table of keys)"])
+    data = {k: v for k, v in raw.items() if k not in SET_BY_CONTROLLER}
+    reasons: list[str] = []
+    unknown = sorted(set(data) - set(Job.__struct_fields__))
+    reasons += [f"{key}: unknown key" for key in unknown]
+    for key in unknown:
+        del data[key]
+    data.setdefault("job_id", job_id or new_job_id())
+    data["submitted_ts"] = now
+    # Decode key by key so one bad value does not hide the others.
+    for key, value in list(data.items()):
+        probe = {"job_id": "probe", "name": "probe", key: value}
+        try:
+            msgspec.convert(probe, Job)
+        except msgspec.ValidationError as exc:
+            reasons.append(describe_validation_error(str(exc)))
+            del data[key]
+    if "name" not in data and not any(r.startswith("name:") for r in reasons):
+        reasons.append("name: missing (required)")
+    if reasons:
+        raise JobRejectedError(reasons)
+    job = msgspec.convert(data, Job)
+    problems = job_problems(job)
+    if problems:
+        raise JobRejectedError(problems)
+    return job
+
+
+def job_problems(job: Job) -> list[str]:
+    """What is semantically wrong with a decoded job (empty: it may be queued)."""
+    reasons: list[str] = []
+    if not JOB_ID_RE.match(job.job_id):
+        reasons.append("job_id: letters, digits, '-' and '_' only, 1 to 64 characters")
+    if not job.name.strip():
+        reasons.append("name: must not be empty")
+    if not job.tenant.strip() or any(c in job.tenant for c in ". *>"):
+        reasons.append("tenant: must be a non-empty name without '.', '*', '>' or spaces")
+    if job.nodes > MAX_NODES:
+        reasons.append(f"nodes: at most {MAX_NODES}")
+    if not job.command.strip():
+        reasons.append("command: must not be empty (the program each member runs)")
+    if job.gpu_type and job.gpus_per_node == 0:
+        reasons.append("gpu_type: set, but gpus_per_node is 0")
+    if job.checkpoint_every < 0:
+        reasons.append("checkpoint_every: must be >= 0 seconds")
+    if job.hang_timeout < 0:
+        reasons.append("hang_timeout: must be >= 0 seconds (0: no hang detection)")
+    if job.max_latency_ms is not None and job.max_latency_ms <= 0:
+        reasons.append("max_latency_ms: must be > 0")
+    for name in job.env:
+        if not ENV_NAME_RE.match(name):
+            reasons.append(f"env.{name}: not a valid environment variable name")
+        elif name in RESERVED_ENV:
+            reasons.append(f"env.{name}: set by the runner; do not set it")
+    for region in job.allowed_regions:
+        if not region or any(c in region for c in ". *>"):
+            reasons.append(f"allowed_regions: {region!r} is not a region name")
+    return reasons

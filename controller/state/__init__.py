@@ -1,0 +1,1 @@
+"""The region's state in JetStream: the node store (KV), streams and buckets."""

@@ -1,0 +1,720 @@
+"""``metalguard demo``: the one command a newcomer runs.
+
+An embedded nats-server with the design's streams (one set for every region), a region
+controller per region (ingest, scoring, lifecycle, jobs, federation), one HTTP API over
+every region's nodes (:class:`AllRegions`, docs/demo.md), a QoS profile stored for every
+cluster, and a simulated fleet of real agents over generated sysfs trees (agent/sim)
+playing a scenario of hardware faults and jobs.  Runs until Ctrl-C / SIGINT / SIGTERM or
+``--duration``; ``--report FILE`` writes what happened as JSON, with ``ok`` when every
+fault got its expected grade and every job its expected digest.  Like controller/cli.py
+this module is a composition root: it wires the agent's simulation to the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+from aiohttp import web
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from metalguard.agent.config import parse_config
+from metalguard.controller.api.app import make_app
+from metalguard.controller.api.fleet import add_fleet_routes
+from metalguard.controller.api.sse import (
+    NEW_ONLY,
+    Deliver,
+    NatsEventSource,
+    StartAt,
+    Unsubscribe,
+    consumer_config,
+)
+from metalguard.controller.core.lifecycle import OperatorAction
+from metalguard.controller.core.scoring.signals import NodeSignals
+from metalguard.controller.federation.service import Federation, job_counts
+from metalguard.controller.jobs.manager import JobManager, JobSettings, report_rows
+from metalguard.controller.jobs.spec import JobRejectedError
+from metalguard.controller.jobs.store import JobStore
+from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.qos import QosStore
+from metalguard.controller.region import RegionController
+from metalguard.controller.service import start_ingest
+from metalguard.controller.state.store import NodeStore
+from metalguard.controller.state.streams import ensure_streams
+from metalguard.demo.sim.faults import Applied
+from metalguard.demo.sim.fleet import SimFleet, SimNode
+from metalguard.demo.sim.scenario import (
+    Scenario,
+    ScenarioJob,
+    due_faults,
+    due_jobs,
+    load_scenario,
+    unknown_nodes,
+)
+from metalguard.proto.codec import CodecError, decode
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.qos import decode_profile
+from metalguard.proto.subjects import Subjects
+
+DEFAULT_REGIONS = 2
+FEDERATION_INTERVAL_S = 1.0
+DEFAULT_SCENARIO = Path("scenarios/default.toml")
+"""Used when it exists under the working directory; else the copy the package ships."""
+DATA = Path(__file__).resolve().parent / "data"
+"""What the package ships for the demo (scenarios/default.toml, examples/trainer.py and
+examples/qos-profile.toml, as package data)."""
+SHIPPED = {
+    "scenarios/default.toml": DATA / "default-scenario.toml",
+    "examples/trainer.py": DATA / "trainer.py",
+    "examples/qos-profile.toml": DATA / "qos-profile.toml",
+}
+AGENTS_UP_DEADLINE_S = 90.0
+DEMO_JOBS = JobSettings(
+    tick_s=0.5, checkpoint_deadline_s=10.0, stop_grace_s=5.0, master_addr="127.0.0.1"
+)
+"""Every simulated node runs its members on this machine."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """What ``metalguard demo`` was asked for."""
+
+    duration_s: float | None = None
+    prefix: str = "mg"
+    regions: int | None = None
+    """``None``: 2, or with an explicit ``scenario`` the highest region it names."""
+    clusters: int = 1
+    racks: int = 4
+    nodes_per_rack: int = 8
+    interval_s: float = 1.0
+    scenario: Path | None = None
+    report: Path | None = None
+    headless: bool = False
+    http: str = "127.0.0.1:8480"
+
+
+@dataclass
+class _Journal:
+    """What happened, in seconds since the start, for the report."""
+
+    started: float = field(default_factory=time.monotonic)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    submitted: int = 0
+    """Jobs the job managers accepted."""
+
+    def t(self) -> float:
+        return round(time.monotonic() - self.started, 3)
+
+    async def on_event(self, msg: Msg) -> None:
+        try:
+            event = decode(msg.data, ControllerEvent)
+        except CodecError:
+            return
+        self.events.append(
+            {
+                "t": self.t(),
+                "kind": event.kind,
+                "node": event.node.node if event.node else None,
+                "reasons": msgspec.to_builtins(event.reasons),
+            }
+        )
+        who = event.node.node if event.node else event.region
+        why = event.reasons[0].message if event.reasons else event.message
+        _say(f"[{self.t():6.1f}s] {event.kind} {who}: {why}")
+
+
+def _fast_tmp() -> str | None:
+    """tmpfs for the simulated trees when there is one (many small writes a second)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def _say(line: str) -> None:
+    print(f"metalguard demo: {line}", flush=True)
+
+
+def _scenario(options: DemoOptions) -> Scenario | None:
+    path = options.scenario
+    if path is None:
+        shipped = SHIPPED[DEFAULT_SCENARIO.as_posix()]
+        found = [p for p in (DEFAULT_SCENARIO, shipped) if p.is_file()]
+        if not found:
+            _say("no scenario (scenarios/default.toml not found): a healthy fleet")
+            return None
+        path = found[0]
+    scenario = load_scenario(path)
+    _say(f"scenario {path}: {scenario.description or f'{len(scenario.fault)} faults'}")
+    return scenario
+
+
+def region_count(options: DemoOptions, scenario: Scenario | None) -> int:
+    """How many regions to run: ``--regions``, else the highest region an explicit
+    ``--scenario`` names (at least 1), else :data:`DEFAULT_REGIONS`."""
+    if options.regions is not None:
+        return options.regions
+    if options.scenario is None or scenario is None:
+        return DEFAULT_REGIONS
+    named = [f.node for f in scenario.fault] + [j.region for j in scenario.job if j.region]
+    numbers = [int(m.group(1)) for n in named if (m := _REGION_RE.match(n))]
+    return max([1, *numbers])
+
+
+_REGION_RE = re.compile(r"r(\d+)")
+SEVERITY: dict[str, int] = {"HEALTHY": 0, "MAINTENANCE": 0, "SUB_HEALTHY": 1, "FAILING": 2}
+"""How bad a grade is, for a fault's ``got`` (UNREACHABLE ranks above every other)."""
+
+
+def worst_grade_since(record: NodeRecord | None, since_ts: float) -> str | None:
+    """The most severe grade ``record`` took at or after ``since_ts`` (its grade history
+    and its current grade), or None without a record (pure)."""
+    if record is None:
+        return None
+    seen = [c.grade_to for c in record.history if c.ts >= since_ts]
+    seen.append(record.grade)
+    return max(seen, key=lambda g: SEVERITY.get(g, 3))
+
+
+def expected_digest(entry: ScenarioJob) -> str | None:
+    """The ``digest=`` an uninterrupted run of ``entry`` prints, when it runs
+    examples/trainer.py with ``--steps N`` (its pure ``digest_after``); else None."""
+    args = list(entry.args)
+    if not args or Path(args[0]).name != "trainer.py" or "--steps" not in args:
+        return None
+    try:
+        steps = int(args[args.index("--steps") + 1])
+    except (IndexError, ValueError):
+        return None
+    path = Path(args[0]) if Path(args[0]).is_file() else TRAINER
+    spec = importlib.util.spec_from_file_location("_mg_demo_trainer", path)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.digest_after(steps))
+
+
+TRAINER = SHIPPED["examples/trainer.py"]
+
+
+class DemoFleet:
+    """One simulated fleet per region (``r{region}c{cluster}k{rack}n{node}``)."""
+
+    def __init__(self, fleets: list[SimFleet]) -> None:
+        self.fleets = fleets
+        self._of = {name: f for f in fleets for name in f.node_names}
+        self.interval_s = fleets[0].interval_s
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self._of)
+
+    async def start(self) -> None:
+        for fleet in self.fleets:
+            await fleet.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(f.stop() for f in self.fleets), return_exceptions=True)
+
+    def apply(
+        self, kind: str, node: str, *, count: int | None = None, duration_s: float | None = None
+    ) -> Applied:
+        return self._of[node].apply(kind, node, count=count, duration_s=duration_s)
+
+    def tick(self) -> None:
+        for fleet in self.fleets:
+            fleet.tick()
+
+
+@dataclass
+class DemoRegion:
+    """One region's controller and what runs beside it."""
+
+    name: str
+    controller: RegionController
+    jobs: JobManager
+    federation: Federation
+    registry: Any
+    """Ingest's metrics registry (the API's ``/metrics``)."""
+
+
+class AllRegions:
+    """The API's view over every region's controller (demo only: one HTTP API, one
+    heatmap for the whole fleet).  Handles are ``region.cluster.node``, so the regions'
+    records never collide; actions and lookups go to the node's own region."""
+
+    def __init__(self, regions: dict[str, RegionController]) -> None:
+        self._regions = regions
+
+    @property
+    def store(self) -> AllRegions:
+        return self
+
+    @property
+    def records(self) -> dict[str, NodeRecord]:
+        return {h: r for c in self._regions.values() for h, r in c.store.records.items()}
+
+    def _of(self, handle: str) -> RegionController:
+        region = self._regions.get(handle.split(".", 1)[0])
+        if region is None:
+            raise KeyError(handle)
+        return region
+
+    async def operator_action(
+        self, handle: str, action: OperatorAction, reason: str, who: str
+    ) -> tuple[ControllerEvent, ...]:
+        return await self._of(handle).operator_action(handle, action, reason, who)
+
+    def recent_signals(self, handle: str) -> NodeSignals | None:
+        return self._of(handle).recent_signals(handle)
+
+    def recent_readings(self, handle: str) -> dict[str, Any]:
+        return self._of(handle).recent_readings(handle)
+
+
+class AllRegionEvents(NatsEventSource):
+    """Every demo region's ControllerEvents (the one ``<P>_CONTROL`` stream holds them)."""
+
+    def __init__(self, nc: Client, subjects: Subjects, regions: list[str]) -> None:
+        super().__init__(nc, subjects, regions[0])
+        self._nc = nc
+        self._regions = frozenset(regions)
+
+    async def subscribe(self, deliver: Deliver, start: StartAt = NEW_ONLY) -> Unsubscribe:
+        async def on_msg(msg: Msg) -> None:
+            try:
+                event = decode(msg.data, ControllerEvent)
+            except CodecError:
+                return
+            if event.region in self._regions:
+                deliver(event, msg.metadata.sequence.stream)
+
+        sub = await self._nc.jetstream().subscribe(
+            self._subjects.all_of("ctl"),
+            stream=self._subjects.stream_control,
+            cb=on_msg,
+            ordered_consumer=True,
+            config=consumer_config(start),
+        )
+        return sub.unsubscribe
+
+    async def history(
+        self, start: StartAt, limit: int
+    ) -> tuple[list[tuple[ControllerEvent, int]], bool]:
+        out: list[tuple[ControllerEvent, int]] = []
+        cut: list[int] = []
+        for region in sorted(self._regions):
+            source = NatsEventSource(self._nc, self._subjects, region)
+            events, left = await source.history(start, limit)
+            out += events
+            if left and events:
+                cut.append(events[-1][1])  # that region's events after this are unread
+        if cut:
+            out = [e for e in out if e[1] <= min(cut)]
+        out.sort(key=lambda item: item[1])
+        return out[:limit], bool(cut) or len(out) > limit
+
+
+async def _play(fleet: DemoFleet, scenario: Scenario | None, journal: _Journal) -> None:
+    """Apply the scenario's faults when due and advance stateful ones, every tick."""
+    applied: set[int] = set()
+    while True:
+        if scenario is not None:
+            for index, fault in due_faults(scenario, journal.t(), applied):
+                applied.add(index)
+                result = fleet.apply(
+                    fault.kind, fault.node, count=fault.count, duration_s=fault.duration_s
+                )
+                journal.faults.append(
+                    {
+                        "t": journal.t(),
+                        "node": fault.node,
+                        "kind": fault.kind,
+                        "expected": fault.expect,
+                        "ts": time.time(),
+                    }
+                )
+                _say(f"[{journal.t():6.1f}s] fault {fault.kind} on {fault.node}: {result.detail}")
+        fleet.tick()
+        await asyncio.sleep(fleet.interval_s)
+
+
+async def _serve_api(app: web.Application, listen: str) -> tuple[web.AppRunner, str]:
+    host, _, port = listen.rpartition(":")
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, int(port)).start()
+    except OSError:
+        await web.TCPSite(runner, host, 0).start()  # the port is taken: any free one
+    server = runner.addresses[0]
+    return runner, f"http://{server[0]}:{server[1]}"
+
+
+def _fault_rows(view: AllRegions, journal: _Journal) -> list[dict[str, Any]]:
+    """The report's faults: each with ``got``, the worst grade its node took since."""
+    records = {r.node.node: r for r in view.records.values()}
+    rows = []
+    for fault in journal.faults:
+        got = worst_grade_since(records.get(fault["node"]), fault["ts"])
+        row = {k: v for k, v in fault.items() if k != "ts"}
+        rows.append(row | {"got": got})
+    return rows
+
+
+def report_ok(doc: dict[str, Any]) -> bool:
+    """Every fault with an ``expected`` grade got it, every job succeeded with its
+    ``expected_digests`` entry (when known), and every submitted job is in the report
+    (pure)."""
+    faults_ok = all(f["expected"] is None or f["got"] == f["expected"] for f in doc["faults"])
+    jobs = doc.get("jobs", [])
+    expected = doc.get("expected_digests", {})
+    jobs_ok = all(
+        j["state"] == "succeeded" and j["digest"] and expected.get(j["name"]) in (None, j["digest"])
+        for j in jobs
+    )
+    return faults_ok and jobs_ok and len(jobs) == doc.get("jobs_submitted", 0)
+
+
+def _report(
+    path: Path,
+    view: AllRegions,
+    journal: _Journal,
+    regions: list[DemoRegion],
+    scenario: Scenario | None,
+) -> None:
+    nodes = [
+        {
+            "node": r.node.node,
+            "region": r.node.region,
+            "grade": r.grade,
+            "score": r.score,
+            "reasons": msgspec.to_builtins(r.reasons),
+        }
+        for r in sorted(view.records.values(), key=lambda r: r.node.node)
+    ]
+    jobs = scenario.job if scenario is not None else ()
+    expected = {j.name: expected_digest(j) for j in jobs}
+    doc: dict[str, Any] = {
+        "regions": [r.name for r in regions],
+        "nodes": nodes,
+        "faults": _fault_rows(view, journal),
+        "events": journal.events,
+        "jobs": [r for g in regions for r in report_rows(g.jobs.jobs.values())],  # docs/jobs.md
+        "jobs_submitted": journal.submitted,
+        "expected_digests": expected,
+    }
+    doc["ok"] = report_ok(doc)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    _say(f"report written to {path} (ok: {str(doc['ok']).lower()})")
+
+
+async def _start_region(
+    nc: Client, js: JetStreamContext, subjects: Subjects, name: str, cleanup: list[Any]
+) -> DemoRegion:
+    """A region's controller, ingest (its own region's subjects), job manager and
+    federation (summaries every :data:`FEDERATION_INTERVAL_S`)."""
+    controller = RegionController(js, await NodeStore.open(js, subjects), subjects, name)
+    await controller.start(silence_interval_s=1.0)
+    cleanup.append(controller.stop)
+    ingest = start_ingest(js, subjects, name, controller)
+    await ingest.start()
+    cleanup.append(ingest.stop)
+    jobs = JobManager(  # runs the scenario's [[job]] entries (docs/jobs.md)
+        nc,
+        js,
+        await JobStore.open(js, subjects),
+        controller.store,
+        subjects,
+        name,
+        DEMO_JOBS,
+        fleet=controller.topology.fleet,
+    )
+    federation = Federation(
+        nc,
+        subjects,
+        name,
+        lambda: controller.store.records,
+        lambda: controller.topology.fleet(controller.store.records),
+        interval_s=FEDERATION_INTERVAL_S,
+        controller=f"demo-{name}",
+        jobs=lambda: job_counts(jobs.jobs),
+    )
+    await federation.start()
+    cleanup.append(federation.stop)
+    return DemoRegion(name, controller, jobs, federation, ingest.metrics.registry)
+
+
+async def run_demo(options: DemoOptions) -> int:
+    """Run the demo until a stop signal or the duration; return the exit status."""
+    scenario = _scenario(options)
+    names = [f"r{i}" for i in range(1, region_count(options, scenario) + 1)]
+    subjects = Subjects(options.prefix)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    journal = _Journal()
+    server = NatsServer()
+    tmp = tempfile.TemporaryDirectory(prefix="mg-demo-", dir=_fast_tmp())
+    cleanup: list[Any] = []
+    try:
+        _say("starting nats-server (JetStream)")
+        url = await asyncio.to_thread(server.start)
+        nc = await asyncio.wait_for(nats.connect(url, max_reconnect_attempts=1), 10)
+        cleanup.append(nc.close)
+        js = nc.jetstream()
+        await ensure_streams(js, subjects)
+        _say(
+            f"NATS at {url} (streams {subjects.stream_telemetry}, {subjects.stream_events}, "
+            f"{subjects.stream_control} and KV buckets ready; they carry every region)"
+        )
+        sub = await nc.subscribe(subjects.all_of("ctl"), cb=journal.on_event)
+        cleanup.append(sub.unsubscribe)
+
+        regions: list[DemoRegion] = []
+        for name in names:
+            _say(f"starting the controller of region {name} (ingest, jobs, federation)")
+            regions.append(await _start_region(nc, js, subjects, name, cleanup))
+        view = AllRegions({r.name: r.controller for r in regions})
+        first = regions[0]
+        qos = await QosStore.open(js, subjects)
+        app = make_app(
+            view,
+            AllRegionEvents(nc, subjects, names),
+            registry=first.registry,
+            qos=qos,
+            jobs=first.jobs,
+        )
+        add_fleet_routes(app, first.federation)
+        runner, api_url = await _serve_api(app, options.http)
+        cleanup.append(runner.cleanup)
+        _say(
+            f"controllers for {', '.join(names)} ready; API at {api_url} "
+            f"(region {first.name}'s, with every region's nodes)"
+        )
+        await _push_qos(qos, options.clusters)
+
+        fleet = DemoFleet(
+            [
+                WorkloadFleet(
+                    Path(tmp.name) / f"r{i}",
+                    url,
+                    region=i,
+                    clusters=options.clusters,
+                    racks=options.racks,
+                    nodes_per_rack=options.nodes_per_rack,
+                    interval_s=options.interval_s,
+                    prefix=subjects.prefix,
+                )
+                for i in range(1, len(names) + 1)
+            ]
+        )
+        if scenario is not None and (missing := unknown_nodes(scenario, fleet.node_names)):
+            _say(f"scenario names nodes not in this fleet, skipped: {', '.join(missing)}")
+            scenario = msgspec.structs.replace(
+                scenario, fault=tuple(f for f in scenario.fault if f.node not in missing)
+            )
+        _say(
+            f"starting {len(fleet.node_names)} agents ({len(names)} region(s) x "
+            f"{options.clusters} cluster(s) x {options.racks} racks x "
+            f"{options.nodes_per_rack} nodes)"
+        )
+        _say(QOS_NOTE)
+        await fleet.start()
+        cleanup.append(fleet.stop)
+        per_region = {f"r{f.region}": len(f.node_names) for f in fleet.fleets}
+        await _wait_agents(regions, per_region, stop)
+        for region in regions:
+            await region.jobs.start()
+            cleanup.append(region.jobs.stop)
+        _say(f"try: curl {api_url}/v1/fleet   or   metalguard nodes --api {api_url}")
+        _say(f"dashboard: {api_url}/ui/")
+        _say("running; press Ctrl-C to stop")
+        journal.started = time.monotonic()
+        player = asyncio.create_task(_play(fleet, scenario, journal), name="scenario")
+        cleanup.append(lambda: _cancel(player))
+        if scenario is not None and scenario.job:
+            ckpt = Path(tmp.name) / "checkpoints"
+            by_region = {r.name: r.jobs for r in regions}
+            submitter = asyncio.create_task(
+                _submit_jobs(by_region, names[0], scenario, journal, ckpt)
+            )
+            cleanup.append(lambda: _cancel(submitter))
+        duration = options.duration_s
+        if duration is None and options.headless:
+            duration = 120.0
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), duration)
+        _say("stopping")
+        if options.report is not None:
+            _report(options.report, view, journal, regions, scenario)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        for step in reversed(cleanup):
+            with contextlib.suppress(Exception):
+                await step()
+        await asyncio.to_thread(server.close)
+        tmp.cleanup()
+    _say("stopped")
+    return 0
+
+
+QOS_NOTE = (
+    "QoS: the profile is stored in MG_QOS for every cluster (metalguard qos show); the "
+    "simulated agents have no NICs to shape, so their reconciler is off and no node "
+    "reports a QoS status (docs/demo.md)"
+)
+QOS_PROFILE = SHIPPED["examples/qos-profile.toml"]
+
+
+async def _push_qos(qos: QosStore, clusters: int) -> None:
+    """Store examples/qos-profile.toml as the profile of clusters ``c1``..``cN`` (the
+    ``MG_QOS`` key is the cluster name, so one entry covers that cluster in every region;
+    docs/qos.md)."""
+    if not QOS_PROFILE.is_file():
+        _say(f"no {QOS_PROFILE} here: no QoS profile pushed")
+        return
+    profile = decode_profile(QOS_PROFILE.read_bytes(), "toml")
+    for c in range(1, clusters + 1):
+        await qos.put(f"c{c}", None, profile)
+    names = ", ".join(f"c{c}" for c in range(1, clusters + 1))
+    _say(f"QoS profile {QOS_PROFILE.name} (version {profile.version}) stored for {names}")
+
+
+async def _wait_agents(
+    regions: list[DemoRegion], expected: dict[str, int], stop: asyncio.Event
+) -> None:
+    """Report progress per region until every agent's first batch was taken in (or a
+    deadline)."""
+    deadline = time.monotonic() + AGENTS_UP_DEADLINE_S
+    total = sum(expected.values())
+    line = ""
+    up = 0
+    while not stop.is_set() and time.monotonic() < deadline:
+        counts = {r.name: len(r.controller.store.records) for r in regions}
+        up = sum(counts.values())
+        now = (
+            f"agents up: {up}/{total} ("
+            + ", ".join(f"{name} {counts[name]}/{expected.get(name, 0)}" for name in counts)
+            + ")"
+        )
+        if now != line:
+            _say(now)
+            line = now
+        if up >= total:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    if up < total:
+        _say(f"only {up}/{total} agents reported within {AGENTS_UP_DEADLINE_S:.0f}s")
+
+
+async def _submit_jobs(
+    jobs: dict[str, JobManager],
+    default_region: str,
+    scenario: Scenario,
+    journal: _Journal,
+    checkpoints: Path,
+) -> None:
+    """Submit the scenario's ``[[job]]`` entries when due, each to its ``region``'s job
+    manager (default: the first region's; docs/jobs.md)."""
+    submitted: set[int] = set()
+    while len(submitted) < len(scenario.job):
+        for index, entry in due_jobs(scenario, journal.t(), submitted):
+            submitted.add(index)
+            manager = jobs.get(entry.region or default_region)
+            if manager is None:
+                _say(f"[{journal.t():6.1f}s] job {entry.name}: no region {entry.region!r}")
+                continue
+            try:
+                status = await manager.submit(scenario_job(entry, Path.cwd(), checkpoints))
+            except JobRejectedError as exc:
+                _say(f"[{journal.t():6.1f}s] job {entry.name} rejected: {exc}")
+                continue
+            journal.submitted += 1
+            _say(f"[{journal.t():6.1f}s] job {entry.name} submitted as {status.job_id}")
+        await asyncio.sleep(0.5)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+# --- jobs: agents that run their members here, [[job]] entries (docs/jobs.md) -------------
+
+
+def workload_section(node_dir: Path, *, stop_grace_s: float = 2.0) -> str:
+    """The ``[workload]`` table of a simulated node: its own socket and work dir, short
+    deadlines, this interpreter for ``python`` commands."""
+    return (
+        "\n[workload]\n"
+        "enabled = true\n"
+        f'work_dir = "{node_dir / "work"}"\n'
+        f'socket = "{node_dir / "wl.sock"}"\n'
+        f"stop_grace_s = {stop_grace_s}\n"
+        "checkpoint_timeout_s = 3.0\n"
+        "progress_interval_s = 0.2\n"
+        f'python = "{sys.executable}"\n'
+    )
+
+
+class WorkloadFleet(SimFleet):
+    """The simulated fleet with every agent's workload runner enabled, so each simulated
+    node runs its job members as processes on this machine (MG_MASTER_ADDR 127.0.0.1)."""
+
+    def _build(self) -> dict[str, SimNode]:
+        nodes = super()._build()
+        for node in nodes.values():
+            text = node.config_path.read_text() + workload_section(node.config_path.parent)
+            node.config_path.write_text(text)
+            node.config = parse_config(text, str(node.config_path))
+        return nodes
+
+
+def _resolve(arg: str, base: Path) -> str:
+    """``arg`` made absolute when it names a file under ``base``, else when it names a
+    file the package ships (``examples/trainer.py``), else as it is."""
+    if (base / arg).is_file():
+        return str((base / arg).resolve())
+    shipped = SHIPPED.get(Path(arg).as_posix())
+    if shipped is not None and shipped.is_file():
+        return str(shipped)
+    return arg
+
+
+def scenario_job(entry: ScenarioJob, base: Path, checkpoints: Path) -> dict[str, Any]:
+    """The job document the demo submits for a ``[[job]]`` entry: relative paths in
+    ``args`` that exist under ``base`` (else the files the package ships) are made absolute (members
+    run in their own directories), and checkpoints go to ``checkpoints/<name>`` (shared by
+    every node)."""
+    args = [_resolve(a, base) for a in entry.args]
+    return {
+        "name": entry.name,
+        "nodes": entry.nodes,
+        "priority": entry.priority,
+        "preemptible": entry.preemptible,
+        "command": entry.command,
+        "args": args,
+        "checkpoint_dir": str(checkpoints / entry.name),
+        "checkpoint_every": entry.checkpoint_every,
+        "hang_timeout": entry.hang_timeout,
+        "max_restarts": entry.max_restarts,
+    }

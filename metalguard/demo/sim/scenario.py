@@ -1,0 +1,134 @@
+"""Scenario files: which faults hit which simulated nodes, and when.
+
+A scenario is TOML::
+
+    description = "one of each"
+
+    [[fault]]
+    at = 30          # seconds after the fleet starts
+    node = "r1c1k2n3"
+    kind = "ecc_ue"
+    count = 1        # optional: errors per application (per tick for ecc_ce_storm)
+    duration_s = 60  # optional: how long an ecc_ce_storm lasts
+    expect = "FAILING"  # optional: the grade the controller should give the node
+
+    [[job]]          # optional: a training job submitted at `at` (docs/jobs.md)
+    at = 5
+    name = "llm-a"
+    nodes = 4
+    args = ["examples/trainer.py", "--steps", "1200"]
+    checkpoint_every = 5
+    region = "r1"    # optional: the region whose job manager runs it (default: the first)
+
+Errors name the file, the key and the problem, like every other document here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from metalguard.demo.sim.faults import KNOWN_KINDS
+from metalguard.proto.base import Token
+from metalguard.proto.documents import DocumentError, decode_toml, read_text
+from metalguard.proto.nodes import Grade
+
+
+class ScenarioError(DocumentError):
+    """The scenario file is unreadable or invalid; the message names file, key, problem."""
+
+
+class Fault(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One ``[[fault]]`` entry."""
+
+    at: Annotated[float, msgspec.Meta(ge=0)]
+    node: Token
+    kind: str
+    count: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    duration_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    expect: Grade | None = None
+    """The grade the controller should give the node (the demo report checks it)."""
+
+
+class ScenarioJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One ``[[job]]`` entry: a training job the demo submits at ``at`` (docs/jobs.md).
+
+    Relative paths in ``args`` that exist where the demo runs are made absolute.
+    """
+
+    at: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    nodes: Annotated[int, msgspec.Meta(ge=1)] = 1
+    priority: int = 0
+    preemptible: bool = False
+    command: str = "python"
+    args: tuple[str, ...] = ()
+    checkpoint_every: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    hang_timeout: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    max_restarts: Annotated[int, msgspec.Meta(ge=0)] = 3
+    region: str = ""
+    """The region whose job manager runs it (``r2``); empty: the demo's first region."""
+
+
+class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A whole scenario file."""
+
+    description: str = ""
+    fault: tuple[Fault, ...] = ()
+    job: tuple[ScenarioJob, ...] = ()
+
+
+def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
+    """Parse and validate scenario TOML; ScenarioError naming source, key and problem."""
+    try:
+        scenario = decode_toml(text, Scenario, source)
+    except DocumentError as exc:
+        raise ScenarioError(str(exc)) from None
+    for i, fault in enumerate(scenario.fault):
+        if fault.kind not in KNOWN_KINDS:
+            raise ScenarioError(
+                f"{source}: fault[{i}].kind: unknown kind {fault.kind!r}; "
+                f"known: {', '.join(KNOWN_KINDS)}"
+            )
+    return scenario
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and parse the scenario file at ``path``."""
+    try:
+        return parse_scenario(read_text(path), str(path))
+    except DocumentError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
+def unknown_nodes(scenario: Scenario, nodes: Iterable[str]) -> list[str]:
+    """Nodes the scenario names that are not in ``nodes`` (in file order, once each)."""
+    known = set(nodes)
+    return list(dict.fromkeys(f.node for f in scenario.fault if f.node not in known))
+
+
+def due_faults(
+    scenario: Scenario, elapsed_s: float, already_applied: Collection[int]
+) -> list[tuple[int, Fault]]:
+    """The faults due at ``elapsed_s`` not yet applied, as (index, fault), earliest first."""
+    due = [
+        (i, f)
+        for i, f in enumerate(scenario.fault)
+        if f.at <= elapsed_s and i not in already_applied
+    ]
+    return sorted(due, key=lambda item: (item[1].at, item[0]))
+
+
+def due_jobs(
+    scenario: Scenario, elapsed_s: float, already_submitted: Collection[int]
+) -> list[tuple[int, ScenarioJob]]:
+    """The ``[[job]]`` entries due at ``elapsed_s`` not yet submitted, earliest first."""
+    due = [
+        (i, j)
+        for i, j in enumerate(scenario.job)
+        if j.at <= elapsed_s and i not in already_submitted
+    ]
+    return sorted(due, key=lambda item: (item[1].at, item[0]))
