@@ -26,17 +26,19 @@ install: $(STAMP_RUN)
 demo: $(STAMP_RUN)
 	$(BIN)/metalguard demo
 
-## test: ruff, mypy, then the whole pytest suite
+## test: ruff, mypy, the layering contracts (lint-imports), then the whole pytest suite
 test: $(STAMP_DEV)
 	bash tests/ensure-tools.sh
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest -q -ra
 
 lint: $(STAMP_DEV)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from metalguard.agent.collection import CycleResult
+from metalguard.agent.collectors.base import BatchField
 from metalguard.proto.base import NodeIdentity
-from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
+from metalguard.proto.telemetry import (
+    CollectorError,
+    CollectorRun,
+    QosInterfaceStatus,
+    TelemetryBatch,
+)
 from metalguard.proto.topology import NodeTopology
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """The readings of one cycle, by batch field, plus this cycle's runs and errors
+    (what :class:`metalguard.agent.collection.Collection` hands the batch)."""
+
+    readings: dict[BatchField, tuple[object, ...]]
+    runs: tuple[CollectorRun, ...]
+    errors: tuple[CollectorError, ...]
+    ran: frozenset[str] = field(default_factory=frozenset)
 
 
 def build_batch(

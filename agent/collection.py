@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from metalguard.agent.batch import CycleResult
 from metalguard.agent.collectors import load_builtin
 from metalguard.agent.collectors.base import (
     REGISTRY,
@@ -39,16 +40,6 @@ class _Slot:
     next_due: float = 0.0
     last: Collected | None = None
     running: asyncio.Task[tuple[Collected, CollectorRun]] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CycleResult:
-    """The readings of one cycle, by batch field, plus this cycle's runs and errors."""
-
-    readings: dict[BatchField, tuple[object, ...]]
-    runs: tuple[CollectorRun, ...]
-    errors: tuple[CollectorError, ...]
-    ran: frozenset[str] = field(default_factory=frozenset)
 
 
 def resolve_enabled(enabled: tuple[str, ...] | None) -> list[str]:

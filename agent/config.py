@@ -14,8 +14,8 @@ import msgspec
 
 from metalguard.agent.bmc.targets import BmcTarget
 from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
-from metalguard.proto.base import NonNegInt, Token
-from metalguard.proto.documents import DocumentError, decode_toml, read_text
+from metalguard.proto.base import Token
+from metalguard.proto.documents import DocumentError, load_document
 from metalguard.proto.topology import NodeTopology
 
 MIB = 1024 * 1024
@@ -28,8 +28,10 @@ class ConfigError(DocumentError):
 _Section = ConfigSection
 
 
-class NodeSection(_Section, frozen=True):
-    """``[node]``: where the node sits and what it is called."""
+class NodeSection(NodeTopology, _Section, frozen=True, forbid_unknown_fields=True):
+    """``[node]``: where the node sits and what it is called, and its topology and
+    capacity for the scheduler (the NodeTopology keys: docs/scheduler.md), sent in every
+    batch."""
 
     region: Token = "default"
     cluster: Token = "default"
@@ -37,29 +39,10 @@ class NodeSection(_Section, frozen=True):
     """Default: the short host name."""
     uuid: str = ""
     """Default: DMI product_uuid, else /etc/machine-id."""
-    zone: str = ""
-    """Topology and capacity for the scheduler (docs/scheduler.md); sent in every batch."""
-    rack: str = ""
-    leaf: str = ""
-    """Leaf switch; "" = one leaf per rack."""
-    gpus: NonNegInt = 0
-    gpu_type: str = ""
-    cpu_cores: NonNegInt = 0
-    memory_gb: NonNegInt = 0
-    bandwidth_tier: NonNegInt = 0
 
     def topology(self) -> NodeTopology | None:
         """The ``NodeTopology`` these keys describe; None when none is set."""
-        topo = NodeTopology(
-            zone=self.zone,
-            rack=self.rack,
-            leaf=self.leaf,
-            gpus=self.gpus,
-            gpu_type=self.gpu_type,
-            cpu_cores=self.cpu_cores,
-            memory_gb=self.memory_gb,
-            bandwidth_tier=self.bandwidth_tier,
-        )
+        topo = NodeTopology(**{f: getattr(self, f) for f in NodeTopology.__struct_fields__})
         return None if topo == NodeTopology() else topo
 
 
@@ -169,15 +152,9 @@ class AgentConfig(_Section, frozen=True):
 
 def parse_config(text: str, source: str = "<config>") -> AgentConfig:
     """Parse TOML text into an AgentConfig; raise ConfigError naming source, key, problem."""
-    try:
-        return decode_toml(text, AgentConfig, source)
-    except DocumentError as exc:
-        raise ConfigError(str(exc)) from None
+    return load_document(text, AgentConfig, source=source, error=ConfigError)
 
 
 def load_config(path: Path) -> AgentConfig:
     """Read and parse the config file at ``path``."""
-    try:
-        return parse_config(read_text(path), str(path))
-    except DocumentError as exc:
-        raise ConfigError(str(exc)) from None
+    return load_document(path, AgentConfig, error=ConfigError)

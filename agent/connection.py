@@ -25,6 +25,7 @@ from nats.aio.client import Client, Server
 from nats.js import JetStreamContext
 
 from metalguard.agent.backoff import Backoff, Sleep, guarded_task
+from metalguard.proto.access import connect_options
 from metalguard.proto.access import tls_context as proto_tls_context
 
 log = logging.getLogger(__name__)
@@ -208,32 +209,23 @@ class Connection:
                 self._set_state(False)
                 self._start_connector()
 
-        opts: dict[str, Any] = {
-            "servers": list(s.servers),
-            "name": s.name,
-            "error_cb": on_error,
-            "disconnected_cb": on_disconnected,
-            "reconnected_cb": on_reconnected,
-            "closed_cb": on_closed,
-            "allow_reconnect": True,
-            "max_reconnect_attempts": -1,
-            "reconnect_time_wait": s.reconnect_base_s,
-            "reconnect_to_server_handler": self._pick_server,
-            "connect_timeout": s.connect_timeout_s,
-            "ping_interval": s.ping_interval_s,
-            "max_outstanding_pings": s.max_outstanding_pings,
-            "pending_size": 0,
-        }
-        if s.credentials:
-            opts["user_credentials"] = s.credentials
-        if s.nkey_seed:
-            opts["nkeys_seed"] = s.nkey_seed
-        if self._tls is not None:
-            opts["tls"] = self._tls
-        if s.tls_hostname:
-            opts["tls_hostname"] = s.tls_hostname
-        if s.inbox_prefix:
-            opts["inbox_prefix"] = s.inbox_prefix
+        opts = connect_options(
+            s,
+            name=s.name,
+            tls=self._tls,
+            tls_hostname=s.tls_hostname,
+            reconnect_wait_s=s.reconnect_base_s,
+        )
+        opts.update(
+            error_cb=on_error,
+            disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected,
+            closed_cb=on_closed,
+            reconnect_to_server_handler=self._pick_server,
+            ping_interval=s.ping_interval_s,
+            max_outstanding_pings=s.max_outstanding_pings,
+            pending_size=0,
+        )
         return opts
 
     def _pick_server(self, servers: list[Server], _info: dict[str, Any]) -> tuple[Server, float]:

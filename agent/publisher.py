@@ -94,14 +94,12 @@ class _Outcome(enum.Enum):
 
 def batch_msg_id(batch: TelemetryBatch) -> str:
     """The JetStream message id of a telemetry batch."""
-    n = batch.node
-    return f"{n.region}.{n.cluster}.{n.node}:{batch.seq}"
+    return f"{batch.node.handle}:{batch.seq}"
 
 
 def event_msg_id(event: NodeEvent) -> str:
     """The JetStream message id of a node event."""
-    n = event.node
-    return f"{n.region}.{n.cluster}.{n.node}:{event.event_id}"
+    return f"{event.node.handle}:{event.event_id}"
 
 
 def publisher_settings(nats: NatsSection, name: str) -> PublisherSettings:
@@ -219,13 +217,17 @@ class Publisher:
     # --- producer API (never waits on the network or the disk) ----------------------------
     async def publish_batch(self, batch: TelemetryBatch) -> None:
         """Queue a telemetry batch for ``<p>.tel.<region>.<cluster>.<node>``."""
+        self._queue_batch(batch, batch_msg_id(batch))
+
+    def _queue_batch(self, batch: TelemetryBatch, msg_id: str) -> None:
+        """Queue ``batch`` under ``msg_id`` (refused when its node makes no subject)."""
         n = batch.node
         try:
             subject = self.subjects.telemetry(n.region, n.cluster, n.node)
         except SubjectError as exc:
-            self._refuse(batch_msg_id(batch), exc)
+            self._refuse(msg_id, exc)
             return
-        self._enqueue(SpoolEntry(subject, batch_msg_id(batch), encode(batch)))
+        self._enqueue(SpoolEntry(subject, msg_id, encode(batch)))
 
     async def publish_event(self, event: NodeEvent) -> None:
         """Queue a node event for ``<p>.evt.<region>.<cluster>.<node>.<kind>``."""

@@ -22,7 +22,7 @@ from metalguard.controller.core.scoring.config import (
 from metalguard.controller.core.topology import TopologySection
 from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
 from metalguard.proto.base import Token
-from metalguard.proto.documents import DocumentError, decode_toml, read_text
+from metalguard.proto.documents import DocumentError, load_document
 
 
 class ConfigError(DocumentError):
@@ -144,15 +144,9 @@ class ControllerConfig(_Section, frozen=True):
 
 def parse_config(text: str, source: str = "<config>") -> ControllerConfig:
     """Parse TOML text into a ControllerConfig; raise ConfigError naming source, key, problem."""
-    try:
-        return decode_toml(text, ControllerConfig, source)
-    except DocumentError as exc:
-        raise ConfigError(str(exc)) from None
+    return load_document(text, ControllerConfig, source=source, error=ConfigError)
 
 
 def load_config(path: Path) -> ControllerConfig:
     """Read and parse the config file at ``path``."""
-    try:
-        return parse_config(read_text(path), str(path))
-    except DocumentError as exc:
-        raise ConfigError(str(exc)) from None
+    return load_document(path, ControllerConfig, error=ConfigError)

@@ -38,13 +38,14 @@ from metalguard.controller.core.decide import (
     event_input,
     steady_batch,
 )
+from metalguard.controller.core.handles import ClusterKey
 from metalguard.controller.core.lifecycle import LifecycleConfig, OperatorAction
 from metalguard.controller.core.out_of_band import BmcWord, with_bmc
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringConfig
 from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, ScoringMemo, assess
 from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.decision_metrics import DecisionMetrics
-from metalguard.controller.state.store import ClusterKey, NodeStore, StoreConflictError, handle_of
+from metalguard.controller.state.store import NodeStore, StoreConflictError
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import encode
 from metalguard.proto.events import ControllerEvent, NodeEvent
@@ -143,11 +144,12 @@ class RegionController:
         queued, see controller/ingest.py)."""
         if not self._ours(batch.node):
             return None
-        handle = handle_of(batch.node)
+        handle = batch.node.handle
         if batch.out_of_band:
             self._bmc[handle] = BmcWord(received_ts, batch)
             return None
         self.topology.observe(handle, batch)
+        rack = self.topology.topology(handle, batch.node).rack  # the record's rack
         batch = with_bmc(batch, self._bmc.get(handle), received_ts)
         self._qos[handle] = batch.qos
         previous = self._signals.get(handle) or self.store.signals.get(handle)
@@ -158,15 +160,15 @@ class RegionController:
         self._signals[handle] = signals
         self._keep_score(handle, received_ts, assessment.score)
         persist = assessment.history_changed and self._leading()
-        if not persist and self._steady_now(handle, batch, assessment, received_ts):
+        if not persist and self._steady_now(handle, batch, assessment, received_ts, rack):
             return None
 
         async def rest() -> None:
             if persist:
                 await self.store.put_signals(handle, signals)
-            if await self._steady(handle, batch, assessment, received_ts):
+            if await self._steady(handle, batch, assessment, received_ts, rack):
                 return
-            item = batch_input(batch, assessment, received_ts)
+            item = batch_input(batch, assessment, received_ts, rack)
 
             def round_() -> Outcome:
                 return self._decide(item, received_ts)
@@ -176,11 +178,17 @@ class RegionController:
         return rest
 
     def _steady_now(
-        self, handle: str, batch: TelemetryBatch, assessment: Assessment, received_ts: float
+        self,
+        handle: str,
+        batch: TelemetryBatch,
+        assessment: Assessment,
+        received_ts: float,
+        rack: str,
     ) -> bool:
         """:meth:`_steady` when it needs no wait: the cluster's lock is free (taking and
         releasing it with no await between is not taking it at all)."""
-        after = steady_batch(self.store.records.get(handle), batch, assessment, received_ts)
+        record = self.store.records.get(handle)
+        after = steady_batch(record, batch, assessment, received_ts, rack)
         if after is None or not self._leading():
             return False
         if self._lock((batch.node.region, batch.node.cluster)).locked():
@@ -188,14 +196,19 @@ class RegionController:
         return self.store.put_liveness(after)
 
     async def _steady(
-        self, handle: str, batch: TelemetryBatch, assessment: Assessment, received_ts: float
+        self,
+        handle: str,
+        batch: TelemetryBatch,
+        assessment: Assessment,
+        received_ts: float,
+        rack: str,
     ) -> bool:
         """Take in a steady healthy node's batch without a round (controller.decide.steady:
         only its liveness changes, written lazily); False when a round must decide."""
-        if self._steady_now(handle, batch, assessment, received_ts):
+        if self._steady_now(handle, batch, assessment, received_ts, rack):
             return True
         record = self.store.records.get(handle)
-        after = steady_batch(record, batch, assessment, received_ts)
+        after = steady_batch(record, batch, assessment, received_ts, rack)
         if after is None or not self._leading():
             return False
         async with self._lock((batch.node.region, batch.node.cluster)):
@@ -210,7 +223,7 @@ class RegionController:
             return
 
         def round_() -> Outcome:
-            item = event_input(event, self.store.records.get(handle_of(event.node)), received_ts)
+            item = event_input(event, self.store.records.get(event.node.handle), received_ts)
             return Outcome() if item is None else self._decide(item, received_ts)
 
         await self._round(event.node, round_, received_ts)
@@ -336,7 +349,7 @@ class RegionController:
     def _ours(self, node: NodeIdentity) -> bool:
         if node.region == self.region:
             return True
-        log.warning("ignoring %s: not in region %s", handle_of(node), self.region)
+        log.warning("ignoring %s: not in region %s", node.handle, self.region)
         return False
 
     def _decide(self, item: NodeInput, now: float) -> Outcome:

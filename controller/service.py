@@ -34,7 +34,8 @@ from metalguard.controller.config import (
 from metalguard.controller.core.scoring.config import ScoringConfig
 from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.federation.jobs import FederatedJobs
-from metalguard.controller.federation.service import Federation, job_counts
+from metalguard.controller.federation.service import Federation
+from metalguard.controller.federation.view import job_counts
 from metalguard.controller.ingest.consumer import Ingest, IngestSettings
 from metalguard.controller.ingest.settings import tune_gc
 from metalguard.controller.jobs.manager import JobManager
@@ -44,34 +45,26 @@ from metalguard.controller.qos import QosStore
 from metalguard.controller.region import RegionController
 from metalguard.controller.state.store import NodeStore
 from metalguard.controller.state.streams import ensure_streams
+from metalguard.proto.access import connect_options as access_options
 from metalguard.proto.access import tls_context
 from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
+RECONNECT_WAIT_S = 1.0
+"""Between the controller's reconnect attempts (it retries for ever)."""
+
 
 def connect_options(cfg: NatsSection) -> dict[str, Any]:
     """Keyword arguments of ``nats.connect`` for the ``[nats]`` section."""
-    options: dict[str, Any] = {
-        "servers": list(cfg.servers),
-        "name": "metalguard-controller",
-        "connect_timeout": cfg.connect_timeout_s,
-        "max_reconnect_attempts": -1,
-        "reconnect_time_wait": 1.0,
-        "error_cb": _on_error,
-    }
-    if cfg.credentials:
-        options["user_credentials"] = cfg.credentials
-    if cfg.nkey_seed:
-        options["nkeys_seed"] = cfg.nkey_seed
-    if cfg.inbox_prefix:
-        options["inbox_prefix"] = cfg.inbox_prefix
     try:
         ctx = tls_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
     except ValueError as exc:
         raise ConfigError(f"nats.tls_*: {exc}") from None
-    if ctx is not None:
-        options["tls"] = ctx
+    options = access_options(
+        cfg, name="metalguard-controller", tls=ctx, reconnect_wait_s=RECONNECT_WAIT_S
+    )
+    options["error_cb"] = _on_error
     return options
 
 

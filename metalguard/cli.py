@@ -116,8 +116,6 @@ def _run_controller_setup(args: argparse.Namespace) -> int:
 
     if not args.config:
         return asyncio.run(setup_streams(args.nats, args.prefix, args.replicas))
-    from pathlib import Path
-
     from metalguard.controller.config import ConfigError, load_config
     from metalguard.controller.service import connect_options
 
@@ -133,7 +131,6 @@ def _run_controller_setup(args: argparse.Namespace) -> int:
 
 def _run_controller(args: argparse.Namespace) -> int:
     import asyncio
-    from pathlib import Path
 
     from metalguard.controller.service import run_controller
 

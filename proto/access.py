@@ -1,10 +1,12 @@
 """How a process reaches its region's NATS: the ``[nats]`` section both the agent's and
-the controller's config files share, and the TLS context it asks for."""
+the controller's config files share, the TLS context it asks for, and the keyword
+options of nats-py's ``connect`` it comes to (plain data: nothing here imports nats)."""
 
 from __future__ import annotations
 
 import ssl
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Any, Protocol
 
 import msgspec
 
@@ -52,3 +54,50 @@ def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLCon
     except (OSError, ssl.SSLError) as exc:
         raise ValueError(f"NATS TLS files unusable: {exc}") from None
     return ctx
+
+
+class NatsEndpoint(Protocol):
+    """What :func:`connect_options` reads: a :class:`NatsAccess` section, or the agent's
+    connection settings (where an unset file is None rather than "")."""
+
+    @property
+    def servers(self) -> Sequence[str]: ...
+    @property
+    def credentials(self) -> str | None: ...
+    @property
+    def nkey_seed(self) -> str | None: ...
+    @property
+    def inbox_prefix(self) -> str | None: ...
+    @property
+    def connect_timeout_s(self) -> float: ...
+
+
+def connect_options(
+    access: NatsEndpoint,
+    *,
+    name: str,
+    tls: ssl.SSLContext | None,
+    reconnect_wait_s: float,
+    tls_hostname: str | None = None,
+) -> dict[str, Any]:
+    """The keyword options of nats-py's ``connect`` for ``access``: servers, client
+    ``name``, credentials (a .creds file or an nkey seed), ``tls`` (see :func:`tls_context`),
+    the reply-subject prefix, and reconnects that never stop, ``reconnect_wait_s`` apart.
+    Callers add their own callbacks and tuning."""
+    options: dict[str, Any] = {
+        "servers": list(access.servers),
+        "name": name,
+        "connect_timeout": access.connect_timeout_s,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": reconnect_wait_s,
+    }
+    optional = {
+        "user_credentials": access.credentials,
+        "nkeys_seed": access.nkey_seed,
+        "tls": tls,
+        "tls_hostname": tls_hostname,
+        "inbox_prefix": access.inbox_prefix,
+    }
+    options.update((key, value) for key, value in optional.items() if value not in (None, ""))
+    return options

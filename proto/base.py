@@ -40,6 +40,11 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field=TAG_FIELD):
     v: SchemaVersion = SCHEMA_VERSION
 
 
+def node_handle(region: str, cluster: str, node: str) -> str:
+    """A node's global handle, ``region.cluster.node`` (its KV key, its name in the API)."""
+    return f"{region}.{cluster}.{node}"
+
+
 class NodeIdentity(Record, frozen=True):
     """Who a node is: its place in subjects and its global handle.
 
@@ -51,6 +56,11 @@ class NodeIdentity(Record, frozen=True):
     cluster: Token
     node: Token
     uuid: str = ""
+
+    @property
+    def handle(self) -> str:
+        """``region.cluster.node`` (not a field: never on the wire)."""
+        return node_handle(self.region, self.cluster, self.node)
 
 
 class Reason(Record, frozen=True):

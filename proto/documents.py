@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -57,14 +58,35 @@ def convert(raw: Any, type_: type[T], source: str) -> T:
         raise DocumentError(f"{source}: {describe_validation_error(str(exc))}") from None
 
 
-def decode_toml(text: str, type_: type[T], source: str = "<document>") -> T:
-    """Parse and validate a TOML document."""
-    return convert(parse_toml(text, source), type_, source)
-
-
 def read_text(path: Path) -> str:
     """A document file's text; DocumentError naming the file when unreadable."""
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DocumentError(f"{path}: cannot read: {exc}") from None
+
+
+def load_document(
+    document: Path | str,
+    type_: type[T],
+    *,
+    source: str = "",
+    error: type[DocumentError] = DocumentError,
+    prepare: Callable[[dict[str, Any]], Any] | None = None,
+) -> T:
+    """A TOML document validated into ``type_``: the file at ``document`` (a Path) or the
+    TOML text itself (a str).
+
+    ``source`` names it in errors (default: the path, or ``<document>`` for text);
+    ``prepare`` may rework the parsed table before it is validated (defaults laid under
+    it, say). Raises ``error`` (a DocumentError) naming source, key and problem.
+    """
+    name = source or (str(document) if isinstance(document, Path) else "<document>")
+    try:
+        text = read_text(document) if isinstance(document, Path) else document
+        raw = parse_toml(text, name)
+        return convert(raw if prepare is None else prepare(raw), type_, name)
+    except DocumentError as exc:
+        if isinstance(exc, error):
+            raise
+        raise error(str(exc)) from None

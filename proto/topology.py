@@ -4,6 +4,9 @@ region > zone > cluster > rack > leaf switch > node.  ``region`` and ``cluster``
 from the node's identity; the rest from the agent's ``[node]`` config (or the
 controller's ``[topology]``, which overrides it).  Every field has a default, so a node
 that says nothing still decodes (docs/scheduler.md).
+
+The fields are declared here only: the agent's ``[node]`` section and the scheduler's
+``FleetNode`` are NodeTopology subclasses that add their own fields.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from metalguard.proto.base import NonNegInt, Record
 
 
-class NodeTopology(Record, frozen=True):
+class NodeTopology(Record, frozen=True, kw_only=True):
     """A node's place in the topology and its capacity for workloads."""
 
     zone: str = ""

@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 from metalguard.agent.bmc.remediation import Remediator, to_reply
 from metalguard.agent.bmc.targets import BmcTarget
 from metalguard.agent.connection import AnsweringConnection, NatsSettings
+from metalguard.proto.base import node_handle
 from metalguard.proto.codec import CodecError, decode, encode
 from metalguard.proto.events import Command, CommandReply, CommandStatus
 from metalguard.proto.subjects import Subjects
@@ -42,9 +43,8 @@ REMEDIABLE: Final = frozenset({"redfish", "ipmi"})
 
 def check_command(cmd: Command, verb: str, target: BmcTarget, now: float) -> str | None:
     """Why ``cmd`` received on ``verb`` for ``target`` must be rejected, or None (pure)."""
-    region, cluster, node = target.region_cluster_node()
-    sent_for = f"{cmd.node.region}.{cmd.node.cluster}.{cmd.node.node}"
-    if sent_for != f"{region}.{cluster}.{node}":
+    sent_for = cmd.node.handle
+    if sent_for != node_handle(*target.region_cluster_node()):
         return f"command for {sent_for} on {target.node}'s subject"
     if cmd.verb != verb:
         return f"verb {cmd.verb!r} sent on {verb!r}"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from metalguard.proto.access import ConfigSection
-from metalguard.proto.documents import DocumentError, decode_toml, read_text
+from metalguard.proto.documents import DocumentError, load_document
 
 AuthProtocol = Literal["none", "md5", "sha", "sha224", "sha256", "sha384", "sha512"]
 PrivProtocol = Literal["none", "des", "3des", "aes", "aes192", "aes256"]
@@ -67,15 +67,9 @@ class BmcCredentials(ConfigSection, frozen=True):
 
 def parse_credentials(text: str, source: str = "<credentials>") -> BmcCredentials:
     """Parse a credentials document; CredentialsError naming source, key, problem."""
-    try:
-        return decode_toml(text, BmcCredentials, source)
-    except DocumentError as exc:
-        raise CredentialsError(str(exc)) from None
+    return load_document(text, BmcCredentials, source=source, error=CredentialsError)
 
 
 def load_credentials(path: str | Path) -> BmcCredentials:
     """Read and parse the credentials file at ``path``."""
-    try:
-        return parse_credentials(read_text(Path(path)), str(path))
-    except DocumentError as exc:
-        raise CredentialsError(str(exc)) from None
+    return load_document(Path(path), BmcCredentials, source=str(path), error=CredentialsError)

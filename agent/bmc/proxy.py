@@ -26,10 +26,9 @@ from metalguard.agent.bmc.snmp import SnmpReader, ThreadedSnmpReader
 from metalguard.agent.bmc.targets import BmcReader, BmcTarget, read_target
 from metalguard.agent.config import AgentConfig
 from metalguard.agent.publisher import Publisher, publisher_settings
-from metalguard.agent.spool import Spool, SpoolEntry
+from metalguard.agent.spool import Spool
 from metalguard.proto.base import NodeIdentity
-from metalguard.proto.codec import encode
-from metalguard.proto.subjects import SubjectError, Subjects
+from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import BmcReading, TelemetryBatch
 
 log = logging.getLogger(__name__)
@@ -40,8 +39,7 @@ SPOOL_SUBDIR = "bmc-queue"
 
 def oob_msg_id(batch: TelemetryBatch) -> str:
     """The JetStream message id of an out-of-band batch (apart from the node's own)."""
-    n = batch.node
-    return f"{n.region}.{n.cluster}.{n.node}:oob:{batch.seq}"
+    return f"{batch.node.handle}:oob:{batch.seq}"
 
 
 def reading_batch(
@@ -74,13 +72,7 @@ class OutOfBandPublisher(Publisher):
         if not batch.out_of_band:
             await super().publish_batch(batch)
             return
-        n = batch.node
-        try:
-            subject = self.subjects.telemetry(n.region, n.cluster, n.node)
-        except SubjectError as exc:
-            self._refuse(oob_msg_id(batch), exc)
-            return
-        self._enqueue(SpoolEntry(subject, oob_msg_id(batch), encode(batch)))
+        self._queue_batch(batch, oob_msg_id(batch))
 
 
 class TargetReader:

@@ -1,1 +1,19 @@
-"""The HTTP API: the app and its routes, one module per resource, SSE, the dashboard."""
+"""The region controller's HTTP API (aiohttp; docs/api.md): one module per resource.
+
+Route prefix                      Module
+--------------------------------  -----------------------------------------------------
+``/healthz``                      app.py        (make_app: middlewares, the route table)
+``/metrics``                      metrics.py    (ingest's registry, the grade counts)
+``/v1/nodes``, ``/v1/nodes/{n}``  nodes.py      (list, one node, cordon/uncordon/maintenance)
+``/v1/nodes/by-uuid/{uuid}``      fleet.py      (a node of any region, by UUID)
+``/v1/fleet``                     fleet.py      (every region's summary; federation)
+``/v1/events``                    events.py     (SSE stream and history; the stream: sse.py)
+``/v1/jobs``                      jobs.py       (submit, list, show, cancel)
+``/v1/qos``                       qos.py        (flow-control profiles)
+``/v1/leader``                    leader.py     (who leads the region; HA)
+``/``, ``/ui/``                   dashboard.py  (the dashboard's static files, static/)
+
+Shared by every route: auth.py (bearer tokens, the read/admin checks) and errors.py
+(ApiError, the JSON error middleware, query-parameter checks).  server.py serves the app
+from ``metalguard controller run`` (the ``[http]`` section: listen, tokens, TLS).
+"""

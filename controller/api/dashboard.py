@@ -1,6 +1,6 @@
 """The fleet dashboard's routes (docs/dashboard.md): static files, no build step.
 
-``/`` and ``/ui`` redirect to ``/ui/``, which serves ``controller/dashboard/index.html``;
+``/`` and ``/ui`` redirect to ``/ui/``, which serves ``controller/api/static/index.html``;
 ``/ui/static/<file>`` serves the other files of that folder (shipped in the wheel).  The
 pages carry no data: the browser reads the API (``/v1/...``) with the operator's token,
 so these routes are open even when tokens are configured.

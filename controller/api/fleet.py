@@ -1,5 +1,5 @@
 """``GET /v1/fleet`` and ``GET /v1/nodes/by-uuid/{uuid}``: the federation's view
-(controller/federation.py, docs/federation.md), on the controller's API app."""
+(controller/federation/service.py, docs/federation.md), on the controller's API app."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from typing import Any, Final, Protocol
 
 from aiohttp import web
 
-from metalguard.controller.api.app import TOKENS, ApiError
+from metalguard.controller.api.auth import check_read
+from metalguard.controller.api.errors import ApiError
 from metalguard.proto.codec import to_builtins
 from metalguard.proto.federation import NodeLookupReply
 
 
 class FleetApi(Protocol):
-    """What the routes need (``controller.federation.Federation`` satisfies it)."""
+    """What the routes need (``controller.federation.service.Federation`` satisfies it)."""
 
     region: str
 
@@ -35,14 +36,14 @@ def add_fleet_routes(app: web.Application, fleet: FleetApi) -> None:
 async def get_fleet(request: web.Request) -> web.Response:
     """Every region heard (this one from its own state), each marked ``stale`` when its
     newest summary is older than three of its intervals."""
-    request.app[TOKENS].check(request, admin=False)
+    check_read(request)
     fleet = request.app[FLEET]
     return web.json_response({"region": fleet.region, "regions": fleet.fleet()})
 
 
 async def get_by_uuid(request: web.Request) -> web.Response:
     """The node with this UUID, from whichever region knows it (404 when none does)."""
-    request.app[TOKENS].check(request, admin=False)
+    check_read(request)
     uuid = request.match_info["uuid"]
     if not uuid or len(uuid) > 128:
         raise ApiError(400, "bad_request", "uuid: 1-128 characters")

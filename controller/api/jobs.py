@@ -16,7 +16,8 @@ from typing import Any, Final, Protocol, TypeGuard, get_args
 
 from aiohttp import web
 
-from metalguard.controller.api.app import TOKENS, ApiError
+from metalguard.controller.api.auth import check_admin, check_read
+from metalguard.controller.api.errors import ApiError, reject_unknown_query
 from metalguard.controller.jobs.spec import JobRejectedError, NotLeaderError
 from metalguard.controller.jobs.store import JobExistsError
 from metalguard.proto.codec import to_builtins
@@ -25,7 +26,7 @@ from metalguard.proto.jobs import JobState, JobStatus
 
 
 class JobsView(Protocol):
-    """What the routes need of the job manager (:class:`controller.jobs.JobManager`)."""
+    """What the routes need of the job manager (controller/jobs/manager.py)."""
 
     @property
     def jobs(self) -> Mapping[str, JobStatus]: ...
@@ -36,7 +37,7 @@ class JobsView(Protocol):
 
 
 class FederatedJobsView(JobsView, Protocol):
-    """The job manager with forwarding (:class:`controller.jobs_federated.FederatedJobs`)."""
+    """The job manager with forwarding (controller/federation/jobs.py)."""
 
     @property
     def region(self) -> str: ...
@@ -62,14 +63,13 @@ def add_jobs_routes(app: web.Application, jobs: JobsView) -> None:
 
 async def submit(request: web.Request) -> web.Response:
     """Queue a job (admin token)."""
-    request.app[TOKENS].check(request, admin=True)
+    check_admin(request)
     raw = _body(request.content_type, await request.read())
     try:
         status = await request.app[JOBS].submit(raw)
     except JobRejectedError as exc:
         message = f"invalid job: {'; '.join(exc.reasons)}"
-        error = {"code": "invalid_job", "message": message, "reasons": exc.reasons}
-        return web.json_response({"error": error}, status=422)
+        raise ApiError(422, "invalid_job", message, exc.reasons) from None
     except JobExistsError as exc:
         raise ApiError(409, "conflict", f"job {exc} already exists") from None
     except NotLeaderError as exc:
@@ -79,10 +79,8 @@ async def submit(request: web.Request) -> web.Response:
 
 async def list_jobs(request: web.Request) -> web.Response:
     """Every job's summary, oldest first; ``?state=queued,running`` filters."""
-    request.app[TOKENS].check(request, admin=False)
-    unknown = sorted(set(request.query) - {"state"})
-    if unknown:
-        raise ApiError(400, "bad_request", f"unknown query parameter(s) {', '.join(unknown)}")
+    check_read(request)
+    reject_unknown_query(request, ("state",), name_allowed=False)
     wanted = {s for s in request.query.get("state", "").split(",") if s}
     if wanted - STATES:
         bad = ", ".join(sorted(wanted - STATES))
@@ -94,7 +92,7 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 async def get_job(request: web.Request) -> web.Response:
     """One job: the submitted job, state, placement, restarts, history with reasons."""
-    request.app[TOKENS].check(request, admin=False)
+    check_read(request)
     job_id = request.match_info["job_id"]
     status = request.app[JOBS].jobs.get(job_id)
     view = request.app[JOBS]
@@ -109,7 +107,7 @@ async def get_job(request: web.Request) -> web.Response:
 
 async def cancel(request: web.Request) -> web.Response:
     """Cancel a job (admin token): a running job is stopped first; 202 with its status."""
-    request.app[TOKENS].check(request, admin=True)
+    check_admin(request)
     view = request.app[JOBS]
     job_id = request.match_info["job_id"]
     if job_id not in view.jobs and _federated(view):  # a job of another region

@@ -12,7 +12,8 @@ from typing import Any, Final, Literal
 
 from aiohttp import web
 
-from metalguard.controller.api.app import TOKENS, ApiError
+from metalguard.controller.api.auth import check_admin, check_read
+from metalguard.controller.api.errors import ApiError, reject_unknown_query
 from metalguard.controller.qos import QosStore, StoredProfile, VersionConflictError
 from metalguard.proto.codec import to_builtins
 from metalguard.proto.qos import ProfileError, QosProfile, decode_profile
@@ -37,7 +38,7 @@ def add_qos_routes(app: web.Application, store: QosStore) -> None:
 
 async def get_cluster(request: web.Request) -> web.Response:
     """The cluster's profile and its KV revision; ``?history=1`` adds the kept revisions."""
-    request.app[TOKENS].check(request, admin=False)
+    check_read(request)
     store = request.app[QOS_STORE]
     cluster = _name(request, "cluster")
     stored = await store.get(cluster)
@@ -52,7 +53,7 @@ async def get_cluster(request: web.Request) -> web.Response:
 async def get_node(request: web.Request) -> web.Response:
     """What the node applies: its override (``source: node``), else the cluster's profile
     (``source: cluster``); 404 when neither exists."""
-    request.app[TOKENS].check(request, admin=False)
+    check_read(request)
     store = request.app[QOS_STORE]
     cluster, node = _name(request, "cluster"), _name(request, "node")
     stored = await store.effective(cluster, node)
@@ -68,15 +69,14 @@ async def get_node(request: web.Request) -> web.Response:
 
 async def put_profile(request: web.Request) -> web.Response:
     """Store a new version of a cluster's profile or of a node's override (admin token)."""
-    request.app[TOKENS].check(request, admin=True)
+    check_admin(request)
     cluster = _name(request, "cluster")
     node = _name(request, "node") if "node" in request.match_info else None
     try:
         profile = decode_body(request.content_type, await request.read())
     except ProfileError as exc:
         message = f"invalid QoS profile: {'; '.join(exc.reasons)}"
-        error = {"code": "invalid_profile", "message": message, "reasons": exc.reasons}
-        return web.json_response({"error": error}, status=422)
+        raise ApiError(422, "invalid_profile", message, exc.reasons) from None
     try:
         stored, previous = await request.app[QOS_STORE].put(cluster, node, profile)
     except VersionConflictError as exc:
@@ -122,7 +122,5 @@ def _name(request: web.Request, part: str) -> str:
 
 
 def _history_wanted(request: web.Request) -> bool:
-    unknown = sorted(set(request.query) - {"history"})
-    if unknown:
-        raise ApiError(400, "bad_request", f"unknown query parameter(s) {', '.join(unknown)}")
+    reject_unknown_query(request, ("history",), name_allowed=False)
     return request.query.get("history", "") in ("1", "true", "yes")

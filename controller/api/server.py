@@ -9,9 +9,11 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from metalguard.controller.api.app import ControllerView, LeaderView, add_leader_route, make_app
+from metalguard.controller.api.app import make_app
 from metalguard.controller.api.fleet import FleetApi, add_fleet_routes
 from metalguard.controller.api.jobs import JobsView
+from metalguard.controller.api.leader import LeaderView, add_leader_route
+from metalguard.controller.api.nodes import ControllerView
 from metalguard.controller.api.sse import EventSource
 from metalguard.controller.config import ConfigError, HttpSection
 from metalguard.controller.qos import QosStore

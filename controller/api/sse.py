@@ -204,8 +204,7 @@ class EventFilter:
             n = event.node
             if n is None:
                 return False
-            handle = f"{n.region}.{n.cluster}.{n.node}"
-            if self.node not in (handle, n.node):
+            if self.node not in (n.handle, n.node):
                 return False
         return True
 

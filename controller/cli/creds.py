@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from metalguard.controller.creds.store import CONF_FILE, Added, CredsError
+from metalguard.controller.creds.permissions import render_federation
+from metalguard.controller.creds.store import CONF_FILE, Added, CredsError, add, init, load
 
 
 def add_creds_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,8 +69,6 @@ def add_creds_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _init(args: argparse.Namespace) -> int:
-    from metalguard.controller.creds.store import init
-
     try:
         added = init(
             args.dir, args.prefix, tuple(args.controller or ["controller"]), args.strict_qos
@@ -84,8 +83,6 @@ def _init(args: argparse.Namespace) -> int:
 
 
 def _add(args: argparse.Namespace, kind: str, name: str) -> int:
-    from metalguard.controller.creds.store import add
-
     try:
         item = add(args.dir, kind, name)  # type: ignore[arg-type]
     except (CredsError, ValueError) as exc:
@@ -97,9 +94,6 @@ def _add(args: argparse.Namespace, kind: str, name: str) -> int:
 
 
 def _federate(args: argparse.Namespace) -> int:
-    from metalguard.controller.creds.permissions import render_federation
-    from metalguard.controller.creds.store import load
-
     try:
         regions = {}
         for item in args.region:

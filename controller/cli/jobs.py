@@ -1,6 +1,6 @@
 """``metalguard jobs submit|list|show|cancel`` over the HTTP API (docs/jobs.md).
 
-Same options and exit statuses as the other operator commands (controller/cli_ops.py):
+Same options and exit statuses as the other operator commands (controller/cli/ops.py):
 0 done; 2 a usage error or a 4xx answer (an invalid job's reasons printed one per line);
 1 the API unreachable or a 5xx answer.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from metalguard.controller.cli.http import api_options, send
-from metalguard.controller.cli.ops import CliError, _guarded, _print_json, table
+from metalguard.controller.cli.console import CliError, guarded, print_json, table
+from metalguard.controller.cli.http import ApiClient, api_options
 from metalguard.proto.documents import DocumentError, parse_toml
 
 SPREADS = ("rack", "cluster", "zone", "region")
@@ -62,16 +62,16 @@ def add_jobs_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     submit.add_argument("--allowed-region", dest="allowed_regions", action="append")
     submit.add_argument("--preemptible", action="store_true", default=None)
     submit.add_argument("--sensitive", action="store_true", default=None)
-    submit.set_defaults(func=_guarded(_submit))
+    submit.set_defaults(func=guarded(_submit))
     listing = jobs_sub.add_parser("list", parents=[common], help="every job, oldest first")
     listing.add_argument("--state", default="", help="only these states (comma-separated)")
-    listing.set_defaults(func=_guarded(_list))
+    listing.set_defaults(func=guarded(_list))
     show = jobs_sub.add_parser("show", parents=[common], help="one job with its history")
     show.add_argument("job_id", metavar="ID")
-    show.set_defaults(func=_guarded(_show))
+    show.set_defaults(func=guarded(_show))
     cancel = jobs_sub.add_parser("cancel", parents=[common], help="stop and cancel a job")
     cancel.add_argument("job_id", metavar="ID")
-    cancel.set_defaults(func=_guarded(_cancel))
+    cancel.set_defaults(func=guarded(_cancel))
 
 
 def job_document(args: argparse.Namespace) -> dict[str, Any]:
@@ -118,9 +118,9 @@ def _read(path: str) -> dict[str, Any]:
 
 def _submit(args: argparse.Namespace) -> int:
     doc = job_document(args)
-    body = _send(args, "POST", "/v1/jobs", json.dumps(doc).encode())
+    body = _api(args).post("/v1/jobs", doc)
     if args.format == "json":
-        return _print_json(body)
+        return print_json(body)
     where = f" in {body['region']}" if "region" in body else ""
     print(f"{body['id']}: {body['name']} {body['state']}{where}")
     return 0
@@ -128,9 +128,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     path = "/v1/jobs" + (f"?state={quote(args.state)}" if args.state else "")
-    body = _send(args, "GET", path)
+    body = _api(args).get(path)
     if args.format == "json":
-        return _print_json(body)
+        return print_json(body)
     rows = [
         [
             j["id"],
@@ -149,17 +149,17 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    body = _send(args, "GET", f"/v1/jobs/{quote(args.job_id, safe='')}")
+    body = _api(args).get(f"/v1/jobs/{quote(args.job_id, safe='')}")
     if args.format == "json":
-        return _print_json(body)
+        return print_json(body)
     print(describe(body))
     return 0
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    body = _send(args, "DELETE", f"/v1/jobs/{quote(args.job_id, safe='')}")
+    body = _api(args).delete(f"/v1/jobs/{quote(args.job_id, safe='')}")
     if args.format == "json":
-        return _print_json(body)
+        return print_json(body)
     print(f"{body['id']}: cancel requested (state {body['state']})")
     return 0
 
@@ -196,5 +196,5 @@ def describe(body: dict[str, Any]) -> str:
     return text
 
 
-def _send(args: argparse.Namespace, method: str, path: str, data: bytes | None = None) -> Any:
-    return send(args, method, path, data, invalid="invalid job")
+def _api(args: argparse.Namespace) -> ApiClient:
+    return ApiClient.from_args(args, invalid="invalid job")

@@ -1,4 +1,4 @@
-"""Operator commands over the HTTP API (docs/api.md): ``metalguard nodes``, ``node``,
+"""Operator commands over the HTTP API (docs/api.md): ``metalguard nodes``, ``fleet``, ``node``,
 ``cordon``, ``uncordon``, ``maintenance`` and ``events``.
 
 Every command takes ``--api URL`` (env ``METALGUARD_API``) and ``--token`` (env
@@ -11,59 +11,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, TextIO
-from urllib.parse import quote, urlencode
+from typing import Any
+from urllib.parse import quote
 
-DEFAULT_API = "http://127.0.0.1:8480"
-TIMEOUT_S = 10.0
-FOLLOW_TIMEOUT_S = 120.0
+from metalguard.controller.cli.console import cell, guarded, print_json, table
+from metalguard.controller.cli.http import ApiClient, api_options
+from metalguard.proto.base import node_handle
+
 HISTORY_LIMIT = 1000
 """Events printed without --follow when --count is not given."""
-"""A silent SSE stream (the server sends keep-alives every 15 s) is given up after this."""
-MAX_CELL = 60
-
-
-class CliError(Exception):
-    """Printed as ``metalguard: <message>``; ``code`` is the exit status."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def add_ops_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the operator subcommands."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--api",
-        default=os.environ.get("METALGUARD_API", DEFAULT_API),
-        help=f"the controller's API (env METALGUARD_API, default {DEFAULT_API})",
-    )
-    common.add_argument(
-        "--token",
-        default=os.environ.get("METALGUARD_TOKEN", ""),
-        help="bearer token (env METALGUARD_TOKEN)",
-    )
-    common.add_argument("--format", choices=("table", "json"), default="table")
+    common = api_options()
 
     nodes = sub.add_parser("nodes", parents=[common], help="list nodes and their grades")
     nodes.add_argument("--grade", help="only these grades (comma-separated)")
     nodes.add_argument("--region")
     nodes.add_argument("--cluster")
     nodes.add_argument("--rack")
-    nodes.set_defaults(func=_guarded(_nodes))
+    nodes.set_defaults(func=guarded(_nodes))
 
     fleet = sub.add_parser(
         "fleet", parents=[common], help="every region: grades, GPU capacity, jobs (federation)"
     )
-    fleet.set_defaults(func=_guarded(_fleet))
+    fleet.set_defaults(func=guarded(_fleet))
 
     node = sub.add_parser("node", parents=[common], help="one node: score, reasons, history")
     node.add_argument("name", metavar="NAME", help="handle region.cluster.node, or a node name")
-    node.set_defaults(func=_guarded(_node))
+    node.set_defaults(func=guarded(_node))
 
     for action, text in (
         ("cordon", "no new work on a node (running jobs continue)"),
@@ -74,7 +53,7 @@ def add_ops_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.add_argument("name", metavar="NAME", help="handle region.cluster.node, or a node name")
         p.add_argument("--reason", required=True, help="why (recorded and announced)")
         p.add_argument("--who", default=os.environ.get("USER", "cli"), help="operator name")
-        p.set_defaults(func=_guarded(_act), action=action)
+        p.set_defaults(func=guarded(_act), action=action)
 
     events = sub.add_parser(
         "events", parents=[common], help="controller decisions: the recent past, or followed"
@@ -91,7 +70,7 @@ def add_ops_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     events.add_argument("--kind", default="", help="exact kind, or a prefix ending in '.'")
     events.add_argument("--node", default="", help="handle or node name")
     events.add_argument("--count", type=int, default=0, help="stop after N events")
-    events.set_defaults(func=_guarded(_events))
+    events.set_defaults(func=guarded(_events))
 
 
 # --- commands -------------------------------------------------------------------------
@@ -99,9 +78,9 @@ def add_ops_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _nodes(args: argparse.Namespace) -> int:
     query = {k: getattr(args, k) for k in ("grade", "region", "cluster", "rack")}
-    body = _call(args, "GET", "/v1/nodes", {k: v for k, v in query.items() if v})
+    body = ApiClient.from_args(args).get("/v1/nodes", {k: v for k, v in query.items() if v})
     if args.format == "json":
-        return _print_json(body["nodes"])
+        return print_json(body["nodes"])
     rows = [
         [
             n["handle"],
@@ -122,9 +101,9 @@ def _ms(value: float | None) -> str:
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    body = _call(args, "GET", "/v1/fleet")
+    body = ApiClient.from_args(args).get("/v1/fleet")
     if args.format == "json":
-        return _print_json(body)
+        return print_json(body)
     rows = []
     for r in body["regions"]:
         grades = r.get("grades", {})
@@ -147,9 +126,9 @@ def _fleet(args: argparse.Namespace) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    body = _call(args, "GET", f"/v1/nodes/{quote(args.name, safe='')}")
+    body = ApiClient.from_args(args).get(f"/v1/nodes/{quote(args.name, safe='')}")
     if args.format == "json":
-        return _print_json(body)
+        return print_json(body)
     r = body["record"]
     print(
         table(
@@ -168,7 +147,7 @@ def _node(args: argparse.Namespace) -> int:
     if r["reasons"]:
         print("\nreasons:")
         reasons = [
-            [x["signal"], _cell(x.get("value")), x.get("rule", ""), x.get("message", "")]
+            [x["signal"], cell(x.get("value")), x.get("rule", ""), x.get("message", "")]
             for x in r["reasons"]
         ]
         print(table(["SIGNAL", "VALUE", "RULE", "MESSAGE"], reasons, indent=2))
@@ -184,9 +163,9 @@ def _node(args: argparse.Namespace) -> int:
 
 def _act(args: argparse.Namespace) -> int:
     path = f"/v1/nodes/{quote(args.name, safe='')}/{args.action}"
-    body = _call(args, "POST", path, payload={"reason": args.reason, "who": args.who})
+    body = ApiClient.from_args(args).post(path, {"reason": args.reason, "who": args.who})
     if args.format == "json":
-        return _print_json(body)
+        return print_json(body)
     kinds = ", ".join(e["kind"] for e in body["events"])
     done = f"announced {kinds}" if kinds else "nothing changed"
     print(f"{body['handle']}: {args.action}: {done}; grade {body['record']['grade']}")
@@ -197,11 +176,12 @@ def _events(args: argparse.Namespace) -> int:
     query = {k: v for k, v in (("kind", args.kind), ("node", args.node)) if v}
     if args.since:
         query["since"] = args.since
+    api = ApiClient.from_args(args)
     if args.follow:
-        stream: Iterable[tuple[str, str]] = _sse(args, "/v1/events", query)
+        stream: Iterable[tuple[str, str]] = api.events("/v1/events", query)
     else:
         limit = str(args.count or HISTORY_LIMIT)
-        body = _call(args, "GET", "/v1/events/history", query | {"limit": limit})
+        body = api.get("/v1/events/history", query | {"limit": limit})
         stream = ((e["kind"], json.dumps(e)) for e in body["events"])
     for seen, (kind, data) in enumerate(stream, start=1):
         if args.format == "json":
@@ -209,117 +189,14 @@ def _events(args: argparse.Namespace) -> int:
         else:
             e = json.loads(data)
             n = e.get("node")
-            where = f"{n['region']}.{n['cluster']}.{n['node']}" if n else e["region"]
+            where = node_handle(n["region"], n["cluster"], n["node"]) if n else e["region"]
             print(f"{_time(e['ts'])}  {kind:<18} {where:<24} {e['message']}", flush=True)
         if args.count and seen >= args.count:
             break
     return 0
 
 
-# --- HTTP -----------------------------------------------------------------------------
-
-
-def _request(
-    args: argparse.Namespace, method: str, path: str, query: dict[str, str] | None, data: Any
-) -> Any:
-    from urllib.request import Request
-
-    url = args.api.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
-    headers = {"Accept": "application/json"}
-    if args.token:
-        headers["Authorization"] = f"Bearer {args.token}"
-    body = None
-    if data is not None:
-        body = json.dumps(data).encode()
-        headers["Content-Type"] = "application/json"
-    return Request(url, data=body, headers=headers, method=method)
-
-
-def _open(args: argparse.Namespace, request: Any, timeout: float) -> Any:
-    from urllib.error import HTTPError, URLError
-    from urllib.request import urlopen
-
-    try:
-        return urlopen(request, timeout=timeout)
-    except HTTPError as exc:
-        raise CliError(_api_message(exc), 2 if exc.code < 500 else 1) from None
-    except (URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CliError(f"cannot reach the API at {args.api}: {reason}", 1) from None
-
-
-def _call(
-    args: argparse.Namespace,
-    method: str,
-    path: str,
-    query: dict[str, str] | None = None,
-    payload: Any = None,
-) -> Any:
-    with _open(args, _request(args, method, path, query, payload), TIMEOUT_S) as response:
-        try:
-            return json.loads(response.read())
-        except (ValueError, OSError) as exc:
-            raise CliError(f"bad answer from {args.api}: {exc}", 1) from None
-
-
-def _sse(args: argparse.Namespace, path: str, query: dict[str, str]) -> Iterator[tuple[str, str]]:
-    """(event type, data) for each Server-Sent Event."""
-    request = _request(args, "GET", path, query, None)
-    request.add_header("Accept", "text/event-stream")
-    with _open(args, request, FOLLOW_TIMEOUT_S) as response:
-        kind, data = "message", list[str]()
-        for raw in _lines(args, response):
-            line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            if not line:
-                if data:
-                    yield kind, "\n".join(data)
-                kind, data = "message", []
-            elif line.startswith("event:"):
-                kind = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].removeprefix(" "))
-
-
-def _lines(args: argparse.Namespace, response: Any) -> Iterator[bytes]:
-    try:
-        yield from response
-    except OSError as exc:
-        raise CliError(f"the event stream from {args.api} failed: {exc}", 1) from None
-
-
-def _api_message(exc: Any) -> str:
-    try:
-        error = json.loads(exc.read())["error"]
-        return f"{error['message']} (HTTP {exc.code} {error['code']})"
-    except (ValueError, KeyError, TypeError, OSError):
-        return f"HTTP {exc.code} {exc.reason}"
-
-
 # --- output ---------------------------------------------------------------------------
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: int = 0) -> str:
-    """Rows as left-aligned columns (a header line first when given)."""
-    lines = [list(headers), *[[_cell(c) for c in row] for row in rows]] if headers else rows
-    if not lines:
-        return ""
-    widths = [max(len(str(line[i])) for line in lines) for i in range(len(lines[0]))]
-    pad = " " * indent
-    return "\n".join(
-        pad + "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-        for line in lines
-    )
-
-
-def _print_json(value: Any, out: TextIO = sys.stdout) -> int:
-    json.dump(value, out, indent=2, sort_keys=True)
-    out.write("\n")
-    return 0
-
-
-def _cell(value: Any) -> str:
-    text = "-" if value is None or value == "" else str(value)
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
 def _flags(r: dict[str, Any]) -> str:
@@ -347,16 +224,3 @@ def _time(ts: float | None) -> str:
     if ts is None:
         return "-"
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """``fn`` with CliError printed and turned into its exit status."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return fn(args)
-        except CliError as exc:
-            print(f"metalguard: {exc}", file=sys.stderr)
-            return exc.code
-
-    return run

@@ -1,7 +1,7 @@
 """``metalguard qos show`` and ``metalguard qos apply``: flow-control profiles over the
 HTTP API (docs/qos.md, docs/api.md).
 
-Same options and exit statuses as the other operator commands (controller/cli_ops.py):
+Same options and exit statuses as the other operator commands (controller/cli/ops.py):
 0 done; 2 a usage error or a 4xx answer (an invalid profile's reasons printed one per
 line); 1 the API unreachable or a 5xx answer.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from metalguard.controller.cli.http import api_options, send
-from metalguard.controller.cli.ops import CliError, _guarded, _print_json, table
+from metalguard.controller.cli.console import CliError, guarded, print_json, table
+from metalguard.controller.cli.http import ApiClient, api_options
 
 CONTENT_TYPES = {".json": "application/json"}
 """By file suffix; anything else is sent as TOML."""
@@ -33,13 +33,13 @@ def add_qos_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     show.add_argument("cluster", metavar="CLUSTER")
     show.add_argument("--history", action="store_true", help="also list the kept revisions")
-    show.set_defaults(func=_guarded(_show))
+    show.set_defaults(func=guarded(_show))
     apply = qos_sub.add_parser(
         "apply", parents=[common], help="store a new version of a profile (TOML or JSON file)"
     )
     apply.add_argument("cluster", metavar="CLUSTER")
     apply.add_argument("file", metavar="FILE", help="the profile (.toml or .json; - for stdin)")
-    apply.set_defaults(func=_guarded(_apply))
+    apply.set_defaults(func=guarded(_apply))
 
 
 def _path(args: argparse.Namespace) -> str:
@@ -49,9 +49,9 @@ def _path(args: argparse.Namespace) -> str:
 
 def _show(args: argparse.Namespace) -> int:
     path = _path(args) + ("?history=1" if args.history else "")
-    body = _send(args, "GET", path)
+    body = _api(args).get(path)
     if args.format == "json":
-        return _print_json(body)
+        return print_json(body)
     print(summary(body))
     if args.history:
         rows = [[h["revision"], h["version"]] for h in body.get("history", [])]
@@ -66,9 +66,9 @@ def _apply(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliError(f"cannot read {args.file}: {exc.strerror or exc}", 2) from None
     content_type = CONTENT_TYPES.get(Path(args.file).suffix.lower(), "application/toml")
-    body = _send(args, "PUT", _path(args), data, content_type)
+    body = _api(args).put(_path(args), data, content_type)
     if args.format == "json":
-        return _print_json(body)
+        return print_json(body)
     before = body.get("previous_version")
     was = "new" if before is None else f"was version {before}"
     print(f"{body['key']}: version {body['version']} stored ({was}), revision {body['revision']}")
@@ -114,11 +114,5 @@ def _ecn(ecn: dict[str, Any] | None) -> str:
     return f"{ecn['min_kb']}-{ecn['max_kb']} KB p={ecn.get('probability', 1.0):g}"
 
 
-def _send(
-    args: argparse.Namespace,
-    method: str,
-    path: str,
-    data: bytes | None = None,
-    content_type: str = "",
-) -> Any:
-    return send(args, method, path, data, content_type=content_type, invalid="invalid QoS profile")
+def _api(args: argparse.Namespace) -> ApiClient:
+    return ApiClient.from_args(args, invalid="invalid QoS profile")

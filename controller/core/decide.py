@@ -12,9 +12,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from msgspec.structs import replace
 
+from metalguard.controller.core.handles import ClusterKey
 from metalguard.controller.core.lifecycle import (
     Decision,
     LifecycleConfig,
@@ -28,7 +30,6 @@ from metalguard.controller.core.lifecycle import (
 )
 from metalguard.controller.core.rail import apply_rail
 from metalguard.controller.core.scoring.engine import Assessment
-from metalguard.controller.state.store import ClusterKey, handle_of
 from metalguard.proto.base import NodeIdentity, Reason
 from metalguard.proto.events import ControllerEvent, NodeEvent
 from metalguard.proto.nodes import NodeRecord, RailState
@@ -70,6 +71,8 @@ class NodeInput:
     obs: Observation
     tag: str
     """Names the input: ``b<seq>@<batch ms>`` for a batch, ``e<event id>`` for an event."""
+    rack: str | None = None
+    """The node's rack as its topology says now (a batch's); None keeps the record's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +84,11 @@ class Outcome:
     events: tuple[ControllerEvent, ...] = ()
 
 
-def batch_input(batch: TelemetryBatch, assessment: Assessment, received_ts: float) -> NodeInput:
-    """The lifecycle's view of one scored batch (``ts`` is when it was taken in)."""
+def batch_input(
+    batch: TelemetryBatch, assessment: Assessment, received_ts: float, rack: str | None = None
+) -> NodeInput:
+    """The lifecycle's view of one scored batch (``ts`` is when it was taken in; ``rack``:
+    the node's resolved topology's, for its record)."""
     grade = assessment.grade
     if grade not in ("HEALTHY", "SUB_HEALTHY", "FAILING"):
         raise ValueError(f"the scorer graded {grade}")  # grade_for never does
@@ -96,7 +102,7 @@ def batch_input(batch: TelemetryBatch, assessment: Assessment, received_ts: floa
         fatal=assessment.fatal,
         reasons=assessment.reasons,
     )
-    return NodeInput(batch.node, obs, f"b{batch.seq}@{_ms(batch.ts)}")
+    return NodeInput(batch.node, obs, f"b{batch.seq}@{_ms(batch.ts)}", rack)
 
 
 EVENT_VALUE_KEYS = ("ue_count", "new", "new_TOTAL_ERR_FATAL", "new_TOTAL_ERR_NONFATAL", "xid")
@@ -138,7 +144,7 @@ def event_input(
 
 def steady(record: NodeRecord | None, item: NodeInput) -> NodeRecord | None:
     """The record after ``item`` when it only continues a steady healthy node (same score
-    and reasons, nothing pending), else None and the full round decides.
+    and reasons, same rack, nothing pending), else None and the full round decides.
 
     Then :func:`decide` would change nothing but the record's liveness fields and
     announce nothing (tests/unit/test_decide_steady.py holds it to that), so the region
@@ -147,55 +153,36 @@ def steady(record: NodeRecord | None, item: NodeInput) -> NodeRecord | None:
     """
     obs = item.obs
     if (
-        record is None
-        or record.grade != "HEALTHY"
+        not _settled(record)
         or obs.grade != "HEALTHY"
         or obs.fatal
         or obs.running_jobs is not None
-        or record.cordoned
-        or record.maintenance
-        or record.held
-        or record.rail_flagged
-        or record.unreachable_from is not None
-        or record.clean_cycles
-        or record.isolations
-        or record.last_seen_ts is None
         or obs.seq <= record.last_seq
         or obs.score != record.score
         or obs.reasons != record.reasons
+        or (item.rack is not None and item.rack != record.rack)
     ):
         return None
-    return replace(
-        record,
-        last_seen_ts=obs.ts,
-        last_sent_ts=obs.sent_ts,
-        last_seq=obs.seq,
-        interval_s=obs.interval_s or record.interval_s,
-        updated_ts=obs.ts,
-    )
+    return _seen(record, obs.ts, obs.sent_ts, obs.seq, obs.interval_s)
 
 
 def steady_batch(
-    record: NodeRecord | None, batch: TelemetryBatch, assessment: Assessment, received_ts: float
+    record: NodeRecord | None,
+    batch: TelemetryBatch,
+    assessment: Assessment,
+    received_ts: float,
+    rack: str | None = None,
 ) -> NodeRecord | None:
-    """``steady(record, batch_input(batch, assessment, received_ts))`` without building
-    the input (most batches take this path; tests/unit/test_decide_steady.py holds the
-    two equal)."""
+    """``steady(record, batch_input(batch, assessment, received_ts, rack))`` without
+    building the input (most batches take this path; tests/unit/test_decide_steady.py
+    holds the two equal)."""
     if (
-        record is None
-        or record.grade != "HEALTHY"
+        not _settled(record)
         or assessment.grade != "HEALTHY"
         or assessment.fatal
-        or record.cordoned
-        or record.maintenance
-        or record.held
-        or record.rail_flagged
-        or record.unreachable_from is not None
-        or record.clean_cycles
-        or record.isolations
-        or record.last_seen_ts is None
         or batch.seq <= record.last_seq
         or assessment.score != record.score
+        or (rack is not None and rack != record.rack)
     ):
         return None
     findings = assessment.findings
@@ -204,13 +191,39 @@ def steady_batch(
         f.reason != r for f, r in zip(findings, reasons, strict=True)
     ):
         return None
+    return _seen(record, received_ts, batch.ts, batch.seq, batch.interval_s)
+
+
+def _settled(record: NodeRecord | None) -> TypeGuard[NodeRecord]:
+    """A HEALTHY record seen before with nothing pending: not cordoned, in maintenance,
+    held, flagged by the rail or unreachable, no clean cycles counted, no isolations."""
+    return (
+        record is not None
+        and record.grade == "HEALTHY"
+        and not (
+            record.cordoned
+            or record.maintenance
+            or record.held
+            or record.rail_flagged
+            or record.unreachable_from is not None
+            or record.clean_cycles
+            or record.isolations
+            or record.last_seen_ts is None
+        )
+    )
+
+
+def _seen(
+    record: NodeRecord, ts: float, sent_ts: float | None, seq: int, interval_s: float
+) -> NodeRecord:
+    """``record`` with only its liveness moved on to a message of ``ts``."""
     return replace(
         record,
-        last_seen_ts=received_ts,
-        last_sent_ts=batch.ts,
-        last_seq=batch.seq,
-        interval_s=batch.interval_s or record.interval_s,
-        updated_ts=received_ts,
+        last_seen_ts=ts,
+        last_sent_ts=sent_ts,
+        last_seq=seq,
+        interval_s=interval_s or record.interval_s,
+        updated_ts=ts,
     )
 
 
@@ -227,14 +240,15 @@ def decide(
     A cluster's size for the rail is ``cluster_sizes`` (the nodes known in it; counted
     from ``records`` when not given), plus the round's nodes not yet in ``records``.
     """
-    handles = [handle_of(i.node) for i in inputs]
+    handles = [i.node.handle for i in inputs]
     if len(set(handles)) != len(handles):
         raise ValueError("decide takes at most one input per node per round")
     by_cluster: dict[ClusterKey, list[tuple[NodeInput, NodeRecord, Transition]]] = {}
     for item, handle in zip(inputs, handles, strict=True):
         record = records.get(handle) or NodeRecord(node=item.node)
         key = (item.node.region, item.node.cluster)
-        by_cluster.setdefault(key, []).append((item, record, observe(record, item.obs, cfg)))
+        placed = _in_rack(record, item.rack)
+        by_cluster.setdefault(key, []).append((item, record, observe(placed, item.obs, cfg)))
     changed: dict[str, NodeRecord] = {}
     new_rails: dict[ClusterKey, RailState] = {}
     events: list[ControllerEvent] = []
@@ -244,17 +258,17 @@ def decide(
             known = sum(1 for r in records.values() if (r.node.region, r.node.cluster) == key)
         else:
             known = cluster_sizes.get(key, 0)
-        size = known + sum(1 for item, _, _ in round_ if handle_of(item.node) not in records)
+        size = known + sum(1 for item, _, _ in round_ if item.node.handle not in records)
         state = rails.get((region, cluster)) or RailState(region=region, cluster=cluster)
         result = apply_rail(state, size, [t for _, _, t in round_], now, cfg)
         for (item, before, _), settled in zip(round_, result.transitions, strict=True):
             if settled.record != before:
-                changed[handle_of(item.node)] = settled.record
-            events += _events(settled.decisions, handle_of(item.node), item.tag)
+                changed[item.node.handle] = settled.record
+            events += _events(settled.decisions, item.node.handle, item.tag)
         if result.state != state:
             new_rails[(region, cluster)] = result.state
         if result.alerts:
-            round_tag = _digest(sorted(f"{handle_of(i.node)}:{i.tag}" for i, _, _ in round_))
+            round_tag = _digest(sorted(f"{i.node.handle}:{i.tag}" for i, _, _ in round_))
             events += _events(result.alerts, f"{region}.{cluster}", round_tag)
     return Outcome(changed, new_rails, tuple(events))
 
@@ -304,8 +318,13 @@ def decide_operator(
     t = operator(record, action, reason, who, now, cfg)
     if t.record == record and not t.decisions:
         return Outcome()
-    handle = handle_of(record.node)
+    handle = record.node.handle
     return Outcome({handle: t.record}, {}, _events(t.decisions, handle, f"o{_ms(now)}"))
+
+
+def _in_rack(record: NodeRecord, rack: str | None) -> NodeRecord:
+    """The record in ``rack`` (None: where it is)."""
+    return record if rack is None or rack == record.rack else replace(record, rack=rack)
 
 
 def event_id(subject: str, kind: str, tag: str) -> str:

@@ -63,8 +63,7 @@ def apply_rail(
         node = t.record.node
         if (node.region, node.cluster) != (state.region, state.cluster):
             raise ValueError(
-                f"{node.region}.{node.cluster}.{node.node} is not in "
-                f"{state.region}.{state.cluster}: one rail per cluster"
+                f"{node.handle} is not in {state.region}.{state.cluster}: one rail per cluster"
             )
     recent = [ts for ts in state.isolations if ts > now - cfg.rail_window_s]
     limit = rail_limit(cluster_size, cfg)

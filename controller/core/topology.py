@@ -83,20 +83,15 @@ def resolve(
 
 def fleet_node(handle: str, record: NodeRecord, topology: NodeTopology) -> FleetNode:
     """The scheduler's view of one node (its rack falls back to the record's)."""
+    place = msgspec.structs.asdict(topology)
+    place["rack"] = topology.rack or record.rack
     return FleetNode(
         handle=handle,
         region=record.node.region,
         cluster=record.node.cluster,
-        zone=topology.zone,
-        rack=topology.rack or record.rack,
-        leaf=topology.leaf,
-        gpus=topology.gpus,
-        gpu_type=topology.gpu_type,
-        cpu_cores=topology.cpu_cores,
-        memory_gb=topology.memory_gb,
-        bandwidth_tier=topology.bandwidth_tier,
         grade=record.grade,
         cordoned=record.cordoned or record.held,
+        **place,
     )
 
 

@@ -1,15 +1,16 @@
-"""Federation: regions tell each other their state over NATS gateways (docs/federation.md).
+"""Federation over NATS: regions tell each other their state through gateways
+(docs/federation.md).
 
 Each region's controller publishes a :class:`RegionSummary` on
 ``<p>.fed.summary.<region>`` every ``interval_s`` (core NATS: gateways carry it to every
 region that listens), answers node lookups by UUID, job lookups by id and pings on
 ``<p>.fed.lookup.<region>``, and takes forwarded jobs on ``<p>.fed.submit.<region>``
 (the region's controllers in one queue group; the leader accepts them).
-Every controller keeps the newest summary of each region it has heard (:class:`FleetView`);
-one older than ``STALE_INTERVALS`` of its interval is *stale* — a region cut off from the
-others keeps working on its own and shows the others as stale until the gateway returns,
-when the next summaries make the views converge.  The pure parts (:func:`summarize`,
-:class:`FleetView`) take time as an argument.
+Every controller keeps the newest summary of each region it has heard (a
+:class:`~metalguard.controller.federation.view.FleetView`); one older than
+``STALE_INTERVALS`` of its interval is *stale* — a region cut off from the others keeps
+working on its own and shows the others as stale until the gateway returns, when the
+next summaries make the views converge.  The pure parts live in view.py.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -30,10 +30,10 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from metalguard.controller.federation.forwarding import RegionOffer, effective_latency, median
+from metalguard.controller.federation.view import FleetView, find_uuid, summarize
 from metalguard.controller.jobs.scheduler import FleetNode
 from metalguard.proto.codec import CodecError, decode, encode
 from metalguard.proto.federation import (
-    GpuCapacity,
     JobCancel,
     JobForward,
     JobForwardReply,
@@ -45,13 +45,11 @@ from metalguard.proto.federation import (
     RegionSummary,
 )
 from metalguard.proto.jobs import Job, JobStatus
-from metalguard.proto.nodes import GRADES, NodeRecord
+from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import FedSummarySubject, SubjectError, Subjects
 
 log = logging.getLogger(__name__)
 
-STALE_INTERVALS = 3.0
-"""A summary older than this many of its region's intervals is stale."""
 LOOKUP_TIMEOUT_S = 1.0
 """How long a node or job lookup, and a ping, waits for each other region."""
 FORWARD_TIMEOUT_S = 3.0
@@ -61,99 +59,6 @@ FORWARD_TRIES = 3
 RTT_SAMPLES = 5
 """Round trips kept per region; the measured latency is their median."""
 SUBMIT_QUEUE = "metalguard-fed-submit"
-
-
-def summarize(
-    region: str,
-    records: Mapping[str, NodeRecord],
-    fleet: Iterable[FleetNode],
-    now: float,
-    interval_s: float,
-    *,
-    controller: str = "",
-    queued_jobs: int = 0,
-    running_jobs: int = 0,
-) -> RegionSummary:
-    """The region's summary: nodes per grade and GPU capacity per type (pure)."""
-    grades = Counter(r.grade for r in records.values())
-    by_type: dict[str, list[int]] = {}
-    for node in fleet:
-        healthy = node.grade == "HEALTHY" and not node.cordoned
-        row = by_type.setdefault(node.gpu_type, [0, 0, 0, 0])
-        row[0] += 1
-        row[1] += healthy
-        row[2] += node.gpus
-        row[3] += node.gpus if healthy else 0
-    capacity = tuple(
-        GpuCapacity(gpu_type=t, nodes=n, healthy_nodes=h, gpus=g, healthy_gpus=hg)
-        for t, (n, h, g, hg) in sorted(by_type.items())
-    )
-    return RegionSummary(
-        region=region,
-        ts=now,
-        interval_s=interval_s,
-        controller=controller,
-        nodes=len(records),
-        grades={g: grades.get(g, 0) for g in GRADES},
-        capacity=capacity,
-        queued_jobs=queued_jobs,
-        running_jobs=running_jobs,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Heard:
-    """A region's newest summary and when this controller received it."""
-
-    summary: RegionSummary
-    received_ts: float
-
-
-@dataclass(frozen=True, slots=True)
-class HeardNow:
-    """A region's newest summary, its age and staleness at some moment."""
-
-    summary: RegionSummary
-    age_s: float
-    stale: bool
-
-
-class FleetView:
-    """The newest summary of every region heard, by region (pure; time as arguments)."""
-
-    def __init__(self) -> None:
-        self._heard: dict[str, Heard] = {}
-
-    def take(self, summary: RegionSummary, received_ts: float) -> bool:
-        """Keep ``summary`` unless an as-new one of its region is kept; whether kept."""
-        held = self._heard.get(summary.region)
-        if held is not None and held.summary.ts > summary.ts:
-            return False
-        self._heard[summary.region] = Heard(summary, received_ts)
-        return True
-
-    @property
-    def regions(self) -> list[str]:
-        """The regions heard from, sorted."""
-        return sorted(self._heard)
-
-    def heard(self, now: float) -> list[HeardNow]:
-        """Every region's newest summary with whether it is stale at ``now``, sorted."""
-        out = []
-        for region in self.regions:
-            heard = self._heard[region]
-            age = max(0.0, now - heard.received_ts)
-            stale = age > STALE_INTERVALS * max(heard.summary.interval_s, 0.001)
-            out.append(HeardNow(heard.summary, age, stale))
-        return out
-
-    def snapshot(self, now: float) -> list[dict[str, Any]]:
-        """Every region's summary with ``age_s`` and ``stale``, sorted by region."""
-        return [
-            msgspec.to_builtins(h.summary) | {"age_s": h.age_s, "stale": h.stale}
-            for h in self.heard(now)
-        ]
-
 
 RecordsOf = Callable[[], Mapping[str, NodeRecord]]
 FleetOf = Callable[[], Iterable[FleetNode]]
@@ -469,20 +374,3 @@ class Federation:
         if msg.reply:
             with contextlib.suppress(NatsError):
                 await msg.respond(encode(reply))
-
-
-def job_counts(jobs: Mapping[str, JobStatus]) -> tuple[int, int]:
-    """(queued, running) among ``jobs`` (the job manager's statuses; pure)."""
-    states = Counter(s.state for s in jobs.values())
-    return states.get("queued", 0), states.get("running", 0)
-
-
-def find_uuid(region: str, records: Mapping[str, NodeRecord], uuid: str) -> NodeLookupReply:
-    """The reply for ``uuid`` from this region's records (pure)."""
-    if uuid:
-        for handle, record in records.items():
-            if record.node.uuid == uuid:
-                return NodeLookupReply(
-                    uuid=uuid, found=True, region=region, handle=handle, record=record
-                )
-    return NodeLookupReply(uuid=uuid, found=False)

@@ -37,9 +37,9 @@ from metalguard.controller.ingest.settings import (
     StreamKind,
     durable_name,
     filter_subjects,
-    node_key,
     shard_of,
 )
+from metalguard.proto.base import node_handle
 from metalguard.proto.codec import CodecError, SectionReuse, decode
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import (
@@ -82,7 +82,6 @@ __all__ = [
     "StreamKind",
     "durable_name",
     "filter_subjects",
-    "node_key",
     "shard_of",
 ]
 
@@ -382,7 +381,7 @@ class Ingest:
             expected = NodeEvent
         else:
             return self._unowned_bad(f"subject {msg.subject!r} is not a {route.kind.value} subject")
-        key = node_key(parsed.region, parsed.cluster, parsed.node)
+        key = node_handle(parsed.region, parsed.cluster, parsed.node)
         shard = self.settings.shard
         if shard is not None and shard_of(key, shard[1]) != shard[0]:
             return _SKIP
@@ -395,7 +394,7 @@ class Ingest:
             return _Bad(key, exc.reason)
         n = message.node
         if (n.region, n.cluster, n.node) != (parsed.region, parsed.cluster, parsed.node):
-            return _Bad(key, f"payload is from {node_key(n.region, n.cluster, n.node)}")
+            return _Bad(key, f"payload is from {n.handle}")
         return key, message
 
     def _unowned_bad(self, reason: str) -> _Bad | _Skip:
@@ -482,8 +481,7 @@ class Ingest:
         """The handler raised: count, log (rate-limited), nak for a later redelivery."""
         route, msg = item.route, item.msg
         self.metrics.count(route.stream, "handler_errors")
-        n = item.message.node
-        sender = node_key(n.region, n.cluster, n.node)
+        sender = item.message.node.handle
         suppressed = self._handler_log.allow(sender)
         if suppressed is not None:
             log.exception(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
+from metalguard.proto.base import node_handle
 from metalguard.proto.subjects import Subjects, check_token
 
 
@@ -60,7 +61,7 @@ class IngestSettings:
         if region != self.region or (self.clusters and cluster not in self.clusters):
             return False
         return self.shard is None or (
-            shard_of(node_key(region, cluster, node), self.shard[1]) == self.shard[0]
+            shard_of(node_handle(region, cluster, node), self.shard[1]) == self.shard[0]
         )
 
 
@@ -89,11 +90,6 @@ class StreamKind(Enum):
 
     TELEMETRY = "tel"
     EVENTS = "evt"
-
-
-def node_key(region: str, cluster: str, node: str) -> str:
-    """The key a node is ordered and sharded by."""
-    return f"{region}.{cluster}.{node}"
 
 
 def shard_of(key: str, count: int) -> int:

@@ -2,12 +2,13 @@
 
 Every ``tick_s`` (and at once when something happens) one pass:
 
-1. each unfinished job is advanced by :func:`controller.jobs_machine.advance` against the
-   node grades (MG_NODES, read from the region controller's store) and the replies to
-   its commands; a changed status is written to MG_JOBS **before** its events are
-   published and its commands sent;
-2. the queue pass (:func:`controller.scheduler.schedule_queue`) places queued jobs and
-   moves waiting for a placement, and starts preemptions.
+1. each unfinished job is advanced by :func:`metalguard.controller.jobs.machine.advance`
+   against the node grades (MG_NODES, read from the region controller's store) and the
+   replies to its commands; a changed status is written to MG_JOBS **before** its events
+   are published and its commands sent;
+2. the queue pass (:func:`metalguard.controller.jobs.scheduler.schedule_queue`) places
+   queued jobs and moves waiting for a placement, on the nodes the region's topology gives
+   (``fleet``), and starts preemptions.
 
 It hears from the nodes through their ``job_*`` NodeEvents (progress, periodic
 checkpoints, exits; docs/workloads.md) and talks to them with ``start`` / ``checkpoint`` /
@@ -74,35 +75,13 @@ class JobSettings:
 
 
 FleetView = Callable[[Mapping[str, NodeRecord]], list[FleetNode]]
-
-
-def fleet_from_records(records: Mapping[str, NodeRecord]) -> list[FleetNode]:
-    """The scheduler's view of the nodes: place from the record (rack, else the ``k<N>``
-    of a simulated node's name), grade and cordon; whole nodes (no capacity figures)."""
-    nodes = []
-    for handle, r in records.items():
-        rack = r.rack or _sim_rack(r.node.node)
-        nodes.append(
-            FleetNode(
-                handle=handle,
-                region=r.node.region,
-                cluster=r.node.cluster,
-                rack=rack,
-                grade=r.grade,
-                cordoned=r.cordoned or r.held,
-            )
-        )
-    return nodes
-
-
-def _sim_rack(name: str) -> str:
-    """``r1c1k2n3`` → ``k2`` (simulated fleets); "" for other names."""
-    k, n = name.find("k"), name.rfind("n")
-    return name[k:n] if name.startswith("r") and 0 < k < n else ""
+"""The scheduler's nodes for the node records: the region's topology
+(``TopologyView.fleet``, :mod:`metalguard.controller.core.topology`)."""
 
 
 class JobManager:
-    """Runs the jobs of one region over NATS, MG_JOBS and the node records."""
+    """Runs the jobs of one region over NATS, MG_JOBS and the node records; ``fleet``
+    turns the records into the scheduler's nodes (the region's ``TopologyView.fleet``)."""
 
     def __init__(
         self,
@@ -114,8 +93,8 @@ class JobManager:
         region: str,
         settings: JobSettings | None = None,
         *,
+        fleet: FleetView,
         clock: Callable[[], float] = time.time,
-        fleet: FleetView = fleet_from_records,
         leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self._nc = nc
@@ -410,7 +389,7 @@ class JobManager:
         status = self._live.get(str(job_id))
         if status is None:
             return
-        node = f"{event.node.region}.{event.node.cluster}.{event.node.node}"
+        node = event.node.handle
         new = observe(status, node, event, self._clock())
         if new == status:
             return
@@ -480,23 +459,3 @@ def _significant(status: JobStatus) -> bytes:
     """The status without progress-only fields (what must be written at once)."""
     members = tuple(msgspec.structs.replace(m, step=0, progress_ts=0.0) for m in status.members)
     return encode(msgspec.structs.replace(status, members=members, updated_ts=0.0))
-
-
-def report_rows(jobs: Iterable[JobStatus]) -> list[dict[str, Any]]:
-    """The demo report's ``jobs`` list (docs/demo.md)."""
-    rows = []
-    for s in sorted(jobs, key=lambda s: (s.job.submitted_ts if s.job else 0.0, s.job_id)):
-        rows.append(
-            {
-                "id": s.job_id,
-                "name": s.job.name if s.job else "",
-                "state": s.state,
-                "placement": list(s.placement),
-                "restarts": s.restarts,
-                "resumed_from_step": s.resumed_from_step,
-                "steps_redone": s.steps_redone,
-                "downtime_s": round(s.downtime_s, 3),
-                "digest": s.digest,
-            }
-        )
-    return rows

@@ -1,6 +1,6 @@
 """Gang scheduler: pure, topology-aware placement, priority queue, preemption.
 
-Inputs are plain frozen dataclasses (``FleetNode``, ``JobRequest``, ``RunningJob``);
+Inputs are plain frozen records (``FleetNode``, ``JobRequest``, ``RunningJob``);
 nothing here touches NATS, the clock or the KV store.  The jobs manager builds the
 inputs from MG_NODES / MG_JOBS and the topology view, calls ``schedule_queue`` (or
 ``place`` / ``plan_preemption`` directly) and carries out the decisions.
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from metalguard.proto.jobs import Job
+from metalguard.proto.topology import NodeTopology
 
 Level = Literal["rack", "cluster", "zone", "region"]
 LEVELS: tuple[Level, ...] = ("rack", "cluster", "zone", "region")
@@ -52,23 +53,15 @@ GREEDY_DROP_TRIES = 64
 """... and then tries to spare at most this many of the victims it picked."""
 
 
-@dataclass(frozen=True, slots=True)
-class FleetNode:
-    """One node as the scheduler sees it: place, capacity, and whether it takes work."""
+class FleetNode(NodeTopology, frozen=True, kw_only=True):
+    """One node as the scheduler sees it: who it is, its topology (place and capacity;
+    a ``leaf`` of "" is the rack's single leaf, or the node's own when ``rack`` is "" too),
+    and whether it takes work."""
 
     handle: str
     """``region.cluster.node``."""
     region: str
     cluster: str
-    zone: str = ""
-    rack: str = ""
-    leaf: str = ""
-    """"" = the rack's single leaf (or the node's own when rack is "" too)."""
-    gpus: int = 0
-    gpu_type: str = ""
-    cpu_cores: int = 0
-    memory_gb: int = 0
-    bandwidth_tier: int = 0
     grade: str = "HEALTHY"
     cordoned: bool = False
 
@@ -535,7 +528,8 @@ def _greedy_preemption(
     if best is None:  # pragma: no cover - the caller checked that all candidates do
         return None
     chosen = best[2]
-    for job in list(reversed(chosen[:-1]))[:GREEDY_DROP_TRIES]:
+    for job in list(reversed(chosen))[:GREEDY_DROP_TRIES]:  # the last one too (it may be
+        # needed only for the group it was picked in, not for a fit elsewhere)
         trial = [j for j in chosen if j is not job]
         if _place_without(index, req, trial) is not None:
             chosen = trial

@@ -50,7 +50,7 @@ class Trigger:
     @property
     def handle(self) -> str:
         """``region.cluster.node``."""
-        return f"{self.node.region}.{self.node.cluster}.{self.node.node}"
+        return self.node.handle
 
 
 def trigger_of(event: ControllerEvent) -> Trigger | None:

@@ -64,7 +64,7 @@ class Announcer:
             attributes=attributes,
         )
         subject = self._subjects.node_event(region, cluster, short, kind)
-        msg_id = f"{region}.{cluster}.{short}:{event.event_id}"
+        msg_id = f"{identity.handle}:{event.event_id}"
         log.info("slurm bridge: %s", message)
         await self._publish(subject, encode(event), msg_id)
 

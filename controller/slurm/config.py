@@ -14,8 +14,8 @@ import msgspec
 
 from metalguard.controller.config import ConfigError, NatsSection
 from metalguard.proto.access import ConfigSection, Seconds
-from metalguard.proto.base import Token
-from metalguard.proto.documents import DocumentError, decode_toml, read_text
+from metalguard.proto.base import Token, node_handle
+from metalguard.proto.documents import load_document
 
 DEFAULT_REASON_PREFIX = "metalguard:"
 Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
@@ -102,20 +102,14 @@ class BridgeConfig(ConfigSection, frozen=True):
         for handle, name in self.nodes.items():
             if name == slurm_name:
                 return handle
-        return f"{self.region}.{self.cluster}.{slurm_name}"
+        return node_handle(self.region, self.cluster, slurm_name)
 
 
 def parse_bridge_config(text: str, source: str = "<config>") -> BridgeConfig:
     """Parse TOML text; ConfigError naming source, key and problem."""
-    try:
-        return decode_toml(text, BridgeConfig, source)
-    except DocumentError as exc:
-        raise ConfigError(str(exc)) from None
+    return load_document(text, BridgeConfig, source=source, error=ConfigError)
 
 
 def load_bridge_config(path: Path) -> BridgeConfig:
     """Read and parse the bridge's config file."""
-    try:
-        return parse_bridge_config(read_text(path), str(path))
-    except DocumentError as exc:
-        raise ConfigError(str(exc)) from None
+    return load_document(path, BridgeConfig, error=ConfigError)

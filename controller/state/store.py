@@ -27,9 +27,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from metalguard.controller.core.handles import ClusterKey
 from metalguard.controller.core.scoring.signals import NodeSignals
 from metalguard.controller.state.kv_keys import bucket_keys
-from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import CodecError, decode, encode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.nodes import NodeRecord, RailState
@@ -41,8 +41,6 @@ _signals_decoder = msgspec.msgpack.Decoder(NodeSignals)
 RAIL_PREFIX = "_rail."
 OUTBOX_PREFIX = "_outbox."
 SIGNALS_PREFIX = "_signals."
-ClusterKey = tuple[str, str]
-"""(region, cluster)"""
 
 
 class StoreConflictError(Exception):
@@ -51,11 +49,6 @@ class StoreConflictError(Exception):
     def __init__(self, key: str) -> None:
         super().__init__(f"KV key {key!r} was changed by another writer")
         self.key = key
-
-
-def handle_of(node: NodeIdentity) -> str:
-    """A node's handle, ``region.cluster.node``: its key in the bucket."""
-    return f"{node.region}.{node.cluster}.{node.node}"
 
 
 LIVENESS_FIELDS = frozenset(
@@ -136,7 +129,7 @@ class NodeStore:
         (:data:`LIVENESS_FIELDS`: a steady node's next batch) is only cached and written
         by :meth:`flush_liveness`, which the controller calls every few seconds.
         """
-        key = handle_of(record.node)
+        key = record.node.handle
         cached = self.records.get(key)
         if cached is not None and key in self._revisions and only_liveness_differs(cached, record):
             self._unwritten.add(key)
@@ -151,7 +144,7 @@ class NodeStore:
         with the cached one: the caller promises it differs only in liveness fields
         (``controller.decide.steady``'s output). False, and nothing done, when the node
         has no record written yet: then use :meth:`put_record`."""
-        key = handle_of(record.node)
+        key = record.node.handle
         if key not in self.records or key not in self._revisions:
             return False
         self._unwritten.add(key)

@@ -3,11 +3,12 @@
 An embedded nats-server with the design's streams (one set for every region), a region
 controller per region (ingest, scoring, lifecycle, jobs, federation), one HTTP API over
 every region's nodes (:class:`AllRegions`, docs/demo.md), a QoS profile stored for every
-cluster, and a simulated fleet of real agents over generated sysfs trees (agent/sim)
+cluster, and a simulated fleet of real agents over generated sysfs trees (demo/sim)
 playing a scenario of hardware faults and jobs.  Runs until Ctrl-C / SIGINT / SIGTERM or
 ``--duration``; ``--report FILE`` writes what happened as JSON, with ``ok`` when every
-fault got its expected grade and every job its expected digest.  Like controller/cli.py
-this module is a composition root: it wires the agent's simulation to the controller.
+fault got its expected grade and every job its expected digest (:mod:`.report`).  Like
+metalguard.cli this module is a composition root: it wires the simulated agents to the
+controller.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ from metalguard.controller.api.sse import (
 )
 from metalguard.controller.core.lifecycle import OperatorAction
 from metalguard.controller.core.scoring.signals import NodeSignals
-from metalguard.controller.federation.service import Federation, job_counts
-from metalguard.controller.jobs.manager import JobManager, JobSettings, report_rows
+from metalguard.controller.federation.service import Federation
+from metalguard.controller.federation.view import job_counts
+from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.spec import JobRejectedError
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.natsserver import NatsServer
@@ -56,6 +58,7 @@ from metalguard.controller.region import RegionController
 from metalguard.controller.service import start_ingest
 from metalguard.controller.state.store import NodeStore
 from metalguard.controller.state.streams import ensure_streams
+from metalguard.demo.report import fault_pending, job_rows, report_ok, worst_grade_since
 from metalguard.demo.sim.faults import Applied
 from metalguard.demo.sim.fleet import SimFleet, SimNode
 from metalguard.demo.sim.scenario import (
@@ -176,18 +179,6 @@ def region_count(options: DemoOptions, scenario: Scenario | None) -> int:
 
 
 _REGION_RE = re.compile(r"r(\d+)")
-SEVERITY: dict[str, int] = {"HEALTHY": 0, "MAINTENANCE": 0, "SUB_HEALTHY": 1, "FAILING": 2}
-"""How bad a grade is, for a fault's ``got`` (UNREACHABLE ranks above every other)."""
-
-
-def worst_grade_since(record: NodeRecord | None, since_ts: float) -> str | None:
-    """The most severe grade ``record`` took at or after ``since_ts`` (its grade history
-    and its current grade), or None without a record (pure)."""
-    if record is None:
-        return None
-    seen = [c.grade_to for c in record.history if c.ts >= since_ts]
-    seen.append(record.grade)
-    return max(seen, key=lambda g: SEVERITY.get(g, 3))
 
 
 def expected_digest(entry: ScenarioJob) -> str | None:
@@ -369,26 +360,14 @@ async def _serve_api(app: web.Application, listen: str) -> tuple[web.AppRunner, 
 def _fault_rows(view: AllRegions, journal: _Journal) -> list[dict[str, Any]]:
     """The report's faults: each with ``got``, the worst grade its node took since."""
     records = {r.node.node: r for r in view.records.values()}
+    end_t = journal.t()
     rows = []
     for fault in journal.faults:
         got = worst_grade_since(records.get(fault["node"]), fault["ts"])
         row = {k: v for k, v in fault.items() if k != "ts"}
-        rows.append(row | {"got": got})
+        pending = fault_pending(fault["expected"], got, fault["t"], end_t)
+        rows.append(row | {"got": got, "pending": pending})
     return rows
-
-
-def report_ok(doc: dict[str, Any]) -> bool:
-    """Every fault with an ``expected`` grade got it, every job succeeded with its
-    ``expected_digests`` entry (when known), and every submitted job is in the report
-    (pure)."""
-    faults_ok = all(f["expected"] is None or f["got"] == f["expected"] for f in doc["faults"])
-    jobs = doc.get("jobs", [])
-    expected = doc.get("expected_digests", {})
-    jobs_ok = all(
-        j["state"] == "succeeded" and j["digest"] and expected.get(j["name"]) in (None, j["digest"])
-        for j in jobs
-    )
-    return faults_ok and jobs_ok and len(jobs) == doc.get("jobs_submitted", 0)
 
 
 def _report(
@@ -415,7 +394,7 @@ def _report(
         "nodes": nodes,
         "faults": _fault_rows(view, journal),
         "events": journal.events,
-        "jobs": [r for g in regions for r in report_rows(g.jobs.jobs.values())],  # docs/jobs.md
+        "jobs": [r for g in regions for r in job_rows(g.jobs.jobs.values())],  # docs/jobs.md
         "jobs_submitted": journal.submitted,
         "expected_digests": expected,
     }

@@ -13,7 +13,8 @@ from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
-from metalguard.controller.api.app import HUB, make_app
+from metalguard.controller.api.app import make_app
+from metalguard.controller.api.events import HUB
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import BmcReading, QosInterfaceStatus
 from tests.integration.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env

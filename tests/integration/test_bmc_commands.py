@@ -17,11 +17,9 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import Command, CommandReply, CommandStatus
 from metalguard.proto.subjects import Subjects
-from tests.integration.test_bmc_redfish_emulator import RunningEmulator, bmc, certificate
-from tests.integration.test_bmc_remediation import bmc_target, remediator
+from tests.integration.bmc_client import bmc_target, remediator
+from tests.integration.redfish_emulator import RunningEmulator
 from tests.waiting import wait_until
-
-__all__ = ["bmc", "certificate"]  # fixtures
 
 NODE = NodeIdentity(region="eu1", cluster="trainA", node="gpu017")
 

@@ -7,40 +7,15 @@ import time
 from pathlib import Path
 
 from metalguard.agent.bmc import redfish
-from metalguard.agent.bmc.targets import BmcTarget
 from metalguard.proto.telemetry import BmcReading, BmcSensor
-from tests.integration.test_bmc_redfish_emulator import (
-    PASSWORD,
+from tests.integration.bmc_client import credentials, target
+from tests.integration.redfish_emulator import (
     USER,
     Certificate,
     RedfishEmulator,
     RunningEmulator,
-    bmc,
-    certificate,
     start_emulator,
 )
-
-__all__ = ["bmc", "certificate"]  # fixtures
-
-
-def credentials(tmp_path: Path, user: str = USER, password: str = PASSWORD) -> str:
-    path = tmp_path / "bmc-creds.toml"
-    path.write_text(f'user = "{user}"\npassword = "{password}"\n')
-    path.chmod(0o600)
-    return str(path)
-
-
-def target(address: str, creds: str, **kw: object) -> BmcTarget:
-    fields: dict[str, object] = {
-        "node": "eu1.trainA.gpu017",
-        "address": address,
-        "protocol": "redfish",
-        "credentials": creds,
-        "timeout_s": 2.0,
-        "retries": 0,
-    }
-    fields.update(kw)
-    return BmcTarget(**fields)  # type: ignore[arg-type]
 
 
 def by_name(reading: BmcReading) -> dict[str, BmcSensor]:

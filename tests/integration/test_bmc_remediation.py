@@ -4,27 +4,13 @@ emulator's own (power state, reset log, boot log, boot override), read back afte
 from __future__ import annotations
 
 import asyncio
-import functools
 from pathlib import Path
 
 from metalguard.agent.bmc import remediation
-from metalguard.agent.bmc.remediation import Remediator, open_control, to_reply
-from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.agent.bmc.remediation import to_reply
 from metalguard.proto.events import CommandStatus
-from tests.integration.test_bmc_redfish import credentials, target
-from tests.integration.test_bmc_redfish_emulator import RunningEmulator, bmc, certificate
-
-__all__ = ["bmc", "certificate"]  # fixtures
-
-
-def remediator(run: RunningEmulator, **kw: object) -> Remediator:
-    opener = functools.partial(open_control, cafile=str(run.certificate.cert))
-    settings: dict[str, object] = {"poll_s": 0.01, "transition_timeout_s": 5.0, **kw}
-    return Remediator(opener=opener, **settings)  # type: ignore[arg-type]
-
-
-def bmc_target(run: RunningEmulator, tmp_path: Path, **kw: object) -> BmcTarget:
-    return target(run.address, credentials(tmp_path), **kw)
+from tests.integration.bmc_client import bmc_target, credentials, remediator, target
+from tests.integration.redfish_emulator import RunningEmulator
 
 
 async def test_power_status_changes_nothing(bmc: RunningEmulator, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from aiohttp import web
 from nats.aio.client import Client
 
 from metalguard.controller.api.app import make_app
+from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.jobs.manager import JobManager
 from metalguard.controller.jobs.store import JobStore
 from metalguard.proto.nodes import NodeRecord
@@ -322,8 +323,9 @@ async def test_the_jobs_view_lists_the_job_manager_s_jobs(
     async with api_env(nc, subjects) as env:
         js = nc.jetstream(timeout=5)
         manager = JobManager(
-            nc, js, await JobStore.open(js, subjects), NoNodes(), subjects, "r1", clock=env.clock
-        )
+            nc, js, await JobStore.open(js, subjects), NoNodes(), subjects, "r1",
+            fleet=TopologyView().fleet, clock=env.clock,
+        )  # fmt: skip
         job = await manager.submit(dict(JOB))
         app = make_app(env.controller, env.source, jobs=manager)
         async with serve(app) as base:

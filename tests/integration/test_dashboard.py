@@ -1,14 +1,13 @@
-"""The dashboard's routes (controller/api_dashboard.py): the static files, served by the
-API's own app, open while the API itself needs a token; the files ship in the wheel."""
+"""The dashboard's routes (controller/api/dashboard.py): the static files, served by the
+API's own app, open while the API itself needs a token (that they ship in the wheel:
+test_packaging.py)."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
-import zipfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +19,6 @@ from metalguard.controller.api.dashboard import DASHBOARD_DIR
 from metalguard.proto.subjects import Subjects
 from tests.integration.api_env import READ_TOKEN, ApiEnv, api_env
 
-REPO = Path(__file__).resolve().parents[2]
 FILES = ("index.html", "app.js", "style.css")
 
 
@@ -104,12 +102,3 @@ def test_app_js_parses() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-
-
-def test_the_files_ship_in_the_wheel(tmp_path: Path) -> None:
-    wheel = pytest.importorskip("hatchling.builders.wheel", reason="hatchling (dev extra)")
-    built = list(wheel.WheelBuilder(str(REPO)).build(directory=str(tmp_path)))
-    assert len(built) == 1
-    names = set(zipfile.ZipFile(built[0]).namelist())
-    for name in FILES:
-        assert f"controller/dashboard/{name}" in names, name

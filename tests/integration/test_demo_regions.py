@@ -14,13 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from metalguard.demo.run import (
-    DemoOptions,
-    expected_digest,
-    region_count,
-    report_ok,
-    worst_grade_since,
-)
+from metalguard.demo.report import report_ok, worst_grade_since
+from metalguard.demo.run import DemoOptions, expected_digest, region_count
 from metalguard.demo.sim.scenario import ScenarioError, parse_scenario
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.nodes import GradeChange, NodeRecord

@@ -30,7 +30,9 @@ def region_records(region: str, uuid: str) -> dict[str, NodeRecord]:
 
 def federation(nc: Client, subjects: Subjects, region: str, uuid: str) -> Federation:
     records = region_records(region, uuid)
-    fleet = [FleetNode(f"{region}.c1.n1", region, "c1", gpus=8, gpu_type="h100")]
+    fleet = [
+        FleetNode(handle=f"{region}.c1.n1", region=region, cluster="c1", gpus=8, gpu_type="h100")
+    ]
     return Federation(nc, subjects, region, lambda: records, lambda: fleet, interval_s=INTERVAL_S)
 
 

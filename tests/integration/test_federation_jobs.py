@@ -12,6 +12,7 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
+from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.federation.jobs import FederatedJobs
 from metalguard.controller.federation.service import Federation
 from metalguard.controller.jobs.manager import JobManager
@@ -42,7 +43,8 @@ class Region:
 
 def fleet(region: str, nodes: int) -> list[FleetNode]:
     return [
-        FleetNode(f"{region}.c1.n{i}", region, "c1", gpus=8, gpu_type="h100") for i in range(nodes)
+        FleetNode(handle=f"{region}.c1.n{i}", region=region, cluster="c1", gpus=8, gpu_type="h100")
+        for i in range(nodes)
     ]
 
 
@@ -52,7 +54,10 @@ async def make_region(nc: Client, subjects: Subjects, name: str, nodes: int) -> 
     store = JobStore(kv)
     await store.load()
     leading = [True]
-    manager = JobManager(nc, js, store, NoRecords(), subjects, name, leading=lambda: leading[0])
+    manager = JobManager(
+        nc, js, store, NoRecords(), subjects, name,
+        fleet=TopologyView().fleet, leading=lambda: leading[0],
+    )  # fmt: skip
     nodes_of = fleet(name, nodes)
     federation = Federation(
         nc, subjects, name, dict, lambda: nodes_of, interval_s=INTERVAL_S,

@@ -26,19 +26,15 @@ from metalguard.controller.leader import Leadership, region_leadership
 from metalguard.controller.region import RegionController
 from metalguard.controller.service import reload_on_election, start_ingest
 from metalguard.controller.state.store import NodeStore
-from metalguard.controller.state.streams import StreamSettings, bucket_configs
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
+from tests.integration.ha_leases import MARGIN_S, POLL_S, RENEW_S, TTL_S
 from tests.unit.scoring_helpers import dimm_mc
 from tests.waiting import wait_for_line, wait_for_value, wait_until
 
-TTL_S = 2.0
-RENEW_S = 0.5
-POLL_S = 0.2
-MARGIN_S = 0.5
 INTERVAL_S = 0.5
 NODES = ("n1", "n2", "n3", "n4")
 LIFECYCLE = LifecycleConfig(rail_max_fraction=1.0)
@@ -129,20 +125,6 @@ class Fleet:
                 subject = self.subjects.telemetry("r1", "c1", name)
                 await self.js.publish(subject, encode(batch))
             await asyncio.sleep(INTERVAL_S)  # the fleet's pace, not a synchronisation
-
-
-@pytest.fixture
-async def short_leases(nc: Client, subjects: Subjects) -> Subjects:
-    """The leases bucket again with a TTL of TTL_S."""
-    js = nc.jetstream(timeout=5)
-    (leases,) = [
-        b
-        for b in bucket_configs(subjects, StreamSettings(lease_ttl_s=TTL_S))
-        if b.bucket == subjects.bucket("leases")
-    ]
-    await js.delete_key_value(leases.bucket)
-    await js.create_key_value(leases)
-    return subjects
 
 
 @pytest.fixture

@@ -23,14 +23,8 @@ from metalguard.demo.run import WorkloadFleet
 from metalguard.proto.codec import decode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.subjects import Subjects
+from tests.integration.ha_leases import MARGIN_S, POLL_S, RENEW_S, TTL_S
 from tests.integration.supercluster import free_port
-from tests.integration.test_ha import (  # noqa: F401 (short_leases: a fixture)
-    MARGIN_S,
-    POLL_S,
-    RENEW_S,
-    TTL_S,
-    short_leases,
-)
 from tests.waiting import wait_for_value, wait_until
 
 pytestmark = pytest.mark.skipif(
@@ -64,7 +58,7 @@ def running_on_healthy(failed: str, body: Any) -> bool:
 async def test_a_job_on_a_node_failing_during_the_takeover_moves_exactly_once(
     nats_url: str,
     nc: Client,
-    short_leases: Subjects,  # noqa: F811 (the fixture imported above)
+    short_leases: Subjects,
     tmp_path: Path,
 ) -> None:
     subjects = short_leases

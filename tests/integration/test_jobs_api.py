@@ -18,7 +18,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 
-from metalguard.controller.api.app import HUB, VIEW, make_app
+from metalguard.controller.api.app import make_app
+from metalguard.controller.api.events import HUB
+from metalguard.controller.api.nodes import VIEW
+from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.jobs.manager import JobManager
 from metalguard.controller.jobs.store import JobStore
 from metalguard.proto.nodes import NodeRecord
@@ -69,7 +72,9 @@ async def env(nc: Client, subjects: Subjects) -> AsyncIterator[Env]:
     async with api_env(nc, subjects) as api:
         js = nc.jetstream(timeout=5)
         store = await JobStore.open(js, subjects)
-        manager = JobManager(nc, js, store, NoNodes(), subjects, "r1", clock=api.clock)
+        manager = JobManager(
+            nc, js, store, NoNodes(), subjects, "r1", fleet=TopologyView().fleet, clock=api.clock
+        )
         app = make_app(
             api.controller,
             api.source,
@@ -235,7 +240,7 @@ async def test_a_follower_serves_reads_from_mg_jobs_and_refuses_writes(env: Env)
     js = env.nc.jetstream(timeout=5)
     follower = JobManager(
         env.nc, js, JobStore(await js.key_value(env.subjects.bucket("jobs"))), NoNodes(),
-        env.subjects, "r1", leading=lambda: False,
+        env.subjects, "r1", fleet=TopologyView().fleet, leading=lambda: False,
     )  # fmt: skip
     await follower.run_pass()  # a follower's pass only reloads MG_JOBS
     assert follower.jobs[created.job_id].state == "queued"

@@ -15,7 +15,7 @@ from nats.aio.client import Client
 
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
 from metalguard.proto.subjects import Subjects
-from tests.integration.test_jobs_e2e import ROOT, JobsEnv, jobs_env
+from tests.integration.jobs_env import ROOT, JobsEnv, jobs_env
 from tests.waiting import wait_until
 
 if importlib.util.find_spec("torch") is None:

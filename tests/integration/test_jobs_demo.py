@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.test_jobs_e2e import ROOT, expected_digest
+from tests.integration.jobs_env import ROOT, expected_digest
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 STEPS = 100

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
 from metalguard.proto.subjects import Subjects
-from tests.integration.test_jobs_e2e import JobsEnv, expected_digest, jobs_env
+from tests.integration.jobs_env import JobsEnv, expected_digest, jobs_env
 from tests.waiting import wait_until
 
 

@@ -8,7 +8,7 @@ from nats.aio.client import Client
 
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.state.kv_keys import bucket_keys
-from metalguard.controller.state.store import NodeStore, handle_of
+from metalguard.controller.state.store import NodeStore
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.jobs import JobStatus
 from metalguard.proto.nodes import NodeRecord
@@ -55,5 +55,5 @@ async def test_a_store_reloads_in_place(nc: Client, subjects: Subjects) -> None:
     await other.put_record(NodeRecord(node=node, grade="FAILING"))
     assert mine.records == {}
     await mine.reload()
-    assert mine.records[handle_of(node)].grade == "FAILING"
+    assert mine.records[node.handle].grade == "FAILING"
     assert held == {}  # a new mapping was taken over, not filled in while readers looked

@@ -18,7 +18,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 from nats.aio.client import Client
 
-from metalguard.controller.api.app import HUB, make_app
+from metalguard.controller.api.app import make_app
+from metalguard.controller.api.events import HUB
 from metalguard.proto.subjects import Subjects
 from tests.integration.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
 from tests.waiting import wait_for_line, wait_until

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -27,14 +25,13 @@ from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
 from tests.integration.agent_proc import FIXTURE_SYSFS
 from tests.integration.api_env import ADMIN_TOKEN, READ_TOKEN, api_env
-from tests.integration.test_qos_netns import (
+from tests.integration.qos_netns import (
     DEFAULT_CLASS,
     TRAINING_CLASS,
     VethPair,
     needs_root,
     profile_text,
     send,
-    veth_pair,
 )
 from tests.waiting import wait_until
 
@@ -109,12 +106,6 @@ class Events:
                 f"no {kinds} event (version {version}) in {EVENT_WAIT_S}s; seen: "
                 + "; ".join(f"{e.kind} {e.message}" for e in self.seen)
             ) from None
-
-
-@pytest.fixture
-def pair() -> Iterator[VethPair]:
-    with veth_pair() as p:
-        yield p
 
 
 async def tc_state(pair: VethPair) -> tc_backend.TcState:

@@ -4,11 +4,9 @@ a failed apply restores the last state that verified, and is not retried every p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
-import pytest
 
 from metalguard.agent.collectors.netdev import _LABELS, ClassLabel
 from metalguard.agent.qos import tc_backend
@@ -18,22 +16,15 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.qos import QosProfile, decode_profile
 from tests.clock import ManualClock
-from tests.integration.test_qos_netns import (
+from tests.integration.qos_netns import (
     TRAINING_CLASS,
     VethPair,
     needs_root,
     profile_text,
-    veth_pair,
 )
 
 pytestmark = needs_root
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
-
-
-@pytest.fixture
-def pair() -> Iterator[VethPair]:
-    with veth_pair() as p:
-        yield p
 
 
 def with_dcqcn(version: int, cnp_dscp: int, training_share: int = 50) -> QosProfile:

@@ -8,6 +8,9 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
+from metalguard.controller.ingest.consumer import Ingest, IngestSettings
+from metalguard.controller.region import RegionController
+from metalguard.controller.state.store import NodeStore
 from metalguard.demo.sim.fleet import SimFleet
 from metalguard.demo.sim.scenario import parse_scenario
 from metalguard.proto.subjects import Subjects
@@ -106,3 +109,41 @@ kind = "smart_fail"
             what="link_downgrade and smart_failed events",
         )
         assert any(".r1c1k1n2." in s for s in seen if "link_downgrade" in s)
+
+
+async def test_simulated_nodes_declare_their_rack_and_the_records_carry_it(
+    tmp_path: Path, nc: Client, nats_url: str, subjects: Subjects
+) -> None:
+    """Each simulated agent's ``[node]`` says its rack like a real one's (``k<N>`` of
+    ``r1c1k<N>n<M>``), and a region controller's records carry it: what the dashboard
+    groups by."""
+    js = nc.jetstream(timeout=5)
+    region = RegionController(js, await NodeStore.open(js, subjects), subjects, "r1")
+    await region.start()
+    ingest = Ingest(js, subjects, IngestSettings(region="r1"), region)
+    await ingest.start()
+    fleet = SimFleet(
+        tmp_path, nats_url, racks=2, nodes_per_rack=2, interval_s=0.5, prefix=subjects.prefix
+    )
+    try:
+        await fleet.start()
+        declared = {name: node.config.node.rack for name, node in fleet.nodes.items()}
+        assert declared == {
+            "r1c1k1n1": "k1", "r1c1k1n2": "k1", "r1c1k2n1": "k2", "r1c1k2n2": "k2"
+        }  # fmt: skip
+        assert 'rack = "k2"' in (tmp_path / "r1c1k2n1" / "agent.toml").read_text()
+        racks = await wait_for_value(
+            lambda: _racks(region),
+            lambda r: len(r) == 4,
+            timeout_s=20,
+            what="a record for each of the 4 simulated nodes",
+        )
+        assert racks == {f"r1.c1.{name}": rack for name, rack in declared.items()}
+    finally:
+        await fleet.stop()
+        await ingest.stop()
+        await region.stop()
+
+
+async def _racks(region: RegionController) -> dict[str, str]:
+    return {handle: r.rack for handle, r in region.store.records.items()}

@@ -1,4 +1,4 @@
-"""The Slurm bridge against a real Slurm (tests/integration/test_slurm_harness.py), a real
+"""The Slurm bridge against a real Slurm (tests/integration/slurm_cluster.py), a real
 RegionController and its HTTP API over the session nats-server.
 
 A requeueable job runs examples/trainer.py on mgnode1; an uncorrectable ECC error fed to
@@ -31,10 +31,8 @@ from metalguard.proto.codec import decode
 from metalguard.proto.events import ControllerEvent, NodeEvent
 from metalguard.proto.subjects import Subjects
 from tests.integration.api_env import ADMIN_TOKEN, ApiEnv, api_env, batch
-from tests.integration.test_slurm_harness import DEAD_NODE, NODE, SlurmCluster, slurm
+from tests.integration.slurm_cluster import DEAD_NODE, NODE, SlurmCluster
 from tests.waiting import wait_for_value, wait_until
-
-__all__ = ["slurm"]  # the fixture, imported for this module's tests
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "examples" / "trainer.py"

@@ -194,7 +194,7 @@ async def test_https_api_refuses_and_logs_writes_without_the_admin_token(
     trust = ssl.create_default_context(cafile=str(pki.ca))
     cordon = f"{https_api}/v1/nodes/r1.c1.n1/cordon"
     body = {"reason": "test"}
-    caplog.set_level(logging.WARNING, logger="metalguard.controller.api.app")
+    caplog.set_level(logging.WARNING, logger="metalguard.controller.api.auth")
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{https_api}/healthz", ssl=trust) as r:
             assert r.status == 200

@@ -46,7 +46,10 @@ records = st.builds(
     last_sent_ts=st.just(T0),
     last_seq=mostly(1, 3),
     interval_s=st.sampled_from([0.0, 5.0]),
+    rack=mostly("k1", "", "k2"),
 )
+racks = mostly(None, "k1", "", "k2")
+"""The rack an input says (None: it does not), mostly the record's."""
 observations = st.builds(
     Observation,
     ts=st.sampled_from([T0 + 5, T0 + 600, T0 + 30 * 86400]),
@@ -62,9 +65,11 @@ observations = st.builds(
 
 
 @settings(max_examples=1000, deadline=None)
-@given(record=records, obs=observations)
-def test_steady_is_the_full_round_when_it_applies(record: NodeRecord, obs: Observation) -> None:
-    item = NodeInput(NODE, obs, f"b{obs.seq}")
+@given(record=records, obs=observations, rack=racks)
+def test_steady_is_the_full_round_when_it_applies(
+    record: NodeRecord, obs: Observation, rack: str | None
+) -> None:
+    item = NodeInput(NODE, obs, f"b{obs.seq}", rack)
     shortcut = steady(record, item)
     event("shortcut" if shortcut else "full round")
     if shortcut is None:
@@ -86,6 +91,8 @@ def test_it_applies_to_the_common_case_only() -> None:
     assert steady(record, NodeInput(NODE, lower, "b2")) is None  # a score change: a round
     assert steady(record, NodeInput(NODE, dataclasses.replace(obs, seq=1), "b1")) is None
     assert steady(None, item) is None
+    assert steady(record, dataclasses.replace(item, rack="k2")) is None  # moved: a round
+    assert steady(record, dataclasses.replace(item, rack="")) == after
 
 
 OTHER = Reason(signal="hwmon.temp", value=90.0, rule="temp_high", message="hot")
@@ -116,10 +123,15 @@ batches = st.builds(
     b=batches,
     assessment=assessments,
     received=st.sampled_from([T0 + 5, T0 + 600]),
+    rack=racks,
 )
 def test_steady_batch_is_steady_of_the_batch_input(
-    record: NodeRecord | None, b: TelemetryBatch, assessment: Assessment, received: float
+    record: NodeRecord | None,
+    b: TelemetryBatch,
+    assessment: Assessment,
+    received: float,
+    rack: str | None,
 ) -> None:
-    shortcut = steady_batch(record, b, assessment, received)
+    shortcut = steady_batch(record, b, assessment, received, rack)
     event("shortcut" if shortcut else "full round")
-    assert shortcut == steady(record, batch_input(b, assessment, received))
+    assert shortcut == steady(record, batch_input(b, assessment, received, rack))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metalguard.controller.federation.service import FleetView, find_uuid, summarize
+from metalguard.controller.federation.view import FleetView, find_uuid, summarize
 from metalguard.controller.jobs.scheduler import FleetNode
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.federation import GpuCapacity
@@ -21,7 +21,13 @@ def fleet_node(
 ) -> FleetNode:
     handle = f"r1.c1.{name}"
     return FleetNode(
-        handle, "r1", "c1", gpus=gpus, gpu_type=gpu_type, grade=grade, cordoned=cordoned
+        handle=handle,
+        region="r1",
+        cluster="c1",
+        gpus=gpus,
+        gpu_type=gpu_type,
+        grade=grade,
+        cordoned=cordoned,
     )
 
 

@@ -1,15 +1,15 @@
-"""Node identity defaults and the sd_notify wire format."""
+"""Node identity defaults and the sd_notify watchdog interval (the datagrams themselves:
+tests/integration/test_sdnotify_socket.py)."""
 
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
 from metalguard.agent.identity import parse_uuid, read_node_uuid, token_from_hostname
-from metalguard.agent.sdnotify import notify, watchdog_interval_s
+from metalguard.agent.sdnotify import watchdog_interval_s
 
 
 @pytest.mark.parametrize(
@@ -36,16 +36,6 @@ def test_uuid_prefers_dmi_then_machine_id(tmp_path: Path) -> None:
     assert read_node_uuid(tmp_path / "sys", machine_id) == "4c4c4544-0042-3510-8052-b4c04f4e4b32"
     assert read_node_uuid(tmp_path / "nowhere", tmp_path / "none") == ""
     assert parse_uuid("ffffffff-ffff-ffff-ffff-ffffffffffff") == ""
-
-
-def test_notify_sends_datagrams(tmp_path: Path) -> None:
-    path = str(tmp_path / "notify.sock")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
-        server.bind(path)
-        assert notify("READY=1", {"NOTIFY_SOCKET": path})
-        assert server.recv(4096) == b"READY=1"
-    assert not notify("READY=1", {})
-    assert not notify("READY=1", {"NOTIFY_SOCKET": str(tmp_path / "gone.sock")})
 
 
 def test_watchdog_interval_is_half_and_honours_pid() -> None:

@@ -18,7 +18,6 @@ from metalguard.controller.core.decide import (
 )
 from metalguard.controller.core.lifecycle import AssessedGrade, LifecycleConfig, Observation
 from metalguard.controller.core.scoring.engine import assess
-from metalguard.controller.state.store import handle_of
 from metalguard.proto.base import NodeIdentity, Reason
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.nodes import NodeRecord
@@ -58,7 +57,7 @@ def healthy_cluster(size: int) -> dict[str, NodeRecord]:
         record = NodeRecord(
             node=ident(i), interval_s=INTERVAL, last_seen_ts=T0, last_sent_ts=T0, last_seq=1
         )
-        records[handle_of(record.node)] = msgspec.structs.replace(record, running_jobs=1)
+        records[record.node.handle] = msgspec.structs.replace(record, running_jobs=1)
     return records
 
 
@@ -109,6 +108,19 @@ def test_a_new_node_gets_a_record() -> None:
     assert out.events == ()
 
 
+def test_a_batch_s_rack_goes_into_the_record_and_an_event_keeps_it() -> None:
+    records = healthy_cluster(3)
+    item = node_input(0, "HEALTHY", 2, T0 + 10)
+    placed = decide(records, {}, [replace(item, rack="k3")], T0 + 10, CFG)
+    assert placed.records["r1.c1.n00"].rack == "k3"
+    assert placed.events == ()
+    records.update(placed.records)
+    unknown = node_input(0, "HEALTHY", 3, T0 + 20)  # rack None: an input that does not say
+    assert decide(records, {}, [unknown], T0 + 20, CFG).records["r1.c1.n00"].rack == "k3"
+    moved = decide(records, {}, [replace(unknown, rack="k4")], T0 + 20, CFG)
+    assert moved.records["r1.c1.n00"].rack == "k4"
+
+
 def test_rail_thirty_percent_fatal_at_once() -> None:
     """20 nodes, 6 fatal in one round: 2 isolated (10 %), 4 flagged, one rail.tripped."""
     records = healthy_cluster(20)
@@ -133,7 +145,7 @@ def test_rail_thirty_percent_fatal_at_once() -> None:
 def test_rail_counts_clusters_apart() -> None:
     records = healthy_cluster(10)
     other = NodeRecord(node=ident(0, "c2"), interval_s=INTERVAL, last_seen_ts=T0, last_seq=1)
-    records[handle_of(other.node)] = other
+    records[other.node.handle] = other
     c2_input = NodeInput(other.node, node_input(0, "FAILING", 2, T0 + 1, fatal=True).obs, "b2")
     inputs = [node_input(0, "FAILING", 2, T0 + 1, fatal=True), c2_input]
     out = decide(records, {}, inputs, T0 + 1, CFG)

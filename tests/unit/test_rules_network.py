@@ -1,75 +1,19 @@
 """Network rules (controller/rules/network.py): rates at their thresholds, lossless classes,
 resets, and the network component on the node page's reasons.
 
-``NETWORK_CASES`` also feeds the table of tests/unit/test_scoring.py (every rule fires
-and stays silent there).
+``NETWORK_CASES`` (tests/unit/rule_cases.py) also feeds the table of
+tests/unit/test_scoring.py (every rule fires and stays silent there).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import pytest
 
 from metalguard.controller.core.rules.network import counters
-from metalguard.controller.core.scoring.config import (
-    DEFAULT_SCORING,
-    Severity,
-    parse_scoring_config,
-)
-from metalguard.proto.telemetry import NetInterface, TcClassStats
+from metalguard.controller.core.scoring.config import parse_scoring_config
+from metalguard.proto.telemetry import TcClassStats
+from tests.unit.rule_cases import NETWORK_CASES, lossless, nic, steps
 from tests.unit.scoring_helpers import Step, batch, by_rule, run
-
-WINDOW = {
-    "net_error_rate": 600.0,
-    "net_drop_rate": 600.0,
-    "net_pause_storm": 300.0,
-    "tc_lossless_drops": 600.0,
-}
-
-
-def nic(name: str = "ens1f0", **fields: Any) -> NetInterface:
-    return NetInterface(name=name, **fields)
-
-
-def lossless(drops: int, name: str = "training", classid: str = "1:10") -> NetInterface:
-    tc = TcClassStats(classid=classid, name=name, lossless=True, drops=drops, packets=1000)
-    return nic(tc_classes=(tc,))
-
-
-def steps(first: NetInterface, second: NetInterface, after_s: float) -> list[Step]:
-    return [(0.0, {"net": (first,)}), (after_s, {"net": (second,)})]
-
-
-def grown(rule: str, per_hour: float) -> int:
-    """The least growth within the rule's window that makes ``per_hour``."""
-    return math.ceil(per_hour * WINDOW[rule] / 3600)
-
-
-def at(rule: str, level: str) -> float:
-    settings = DEFAULT_SCORING.rules.get(rule)
-    return float(getattr(settings, f"{level}_threshold"))
-
-
-def _rate_cases(rule: str, build: Any) -> list[tuple[str, list[Step], str, Severity | None]]:
-    """Warning at its threshold, severe at its threshold, silent just below warning."""
-    warn, severe = grown(rule, at(rule, "warning")), grown(rule, at(rule, "severe"))
-    after = WINDOW[rule] / 2
-    return [
-        (f"{rule} at warning", steps(build(0), build(warn), after), rule, "warning"),
-        (f"{rule} at severe", steps(build(0), build(severe), after), rule, "severe"),
-        (f"{rule} just below", steps(build(0), build(max(warn - 1, 0)), after), rule, None),
-    ]
-
-
-NETWORK_CASES: list[tuple[str, list[Step], str, Severity | None]] = [
-    *_rate_cases("net_error_rate", lambda n: nic(rx_errors=n, tx_errors=0)),
-    *_rate_cases("net_drop_rate", lambda n: nic(rx_dropped=n // 2, tx_dropped=n - n // 2)),
-    *_rate_cases("net_pause_storm", lambda n: nic(rx_pause=n, tx_pause=0)),
-    *_rate_cases("tc_lossless_drops", lossless),
-]
-"""(id, steps, rule, severity or None) in the form of test_scoring.py's ``Case``."""
 
 
 @pytest.mark.parametrize(

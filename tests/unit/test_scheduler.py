@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+import msgspec
 
 from metalguard.controller.jobs.scheduler import (
     FleetIndex,
@@ -62,8 +62,8 @@ def test_widens_to_the_cluster_but_never_past_max_spread() -> None:
 
 def test_only_healthy_uncordoned_nodes_and_not_the_excluded_one() -> None:
     nodes = _fleet({("c1", "a"): 4})
-    nodes[0] = replace(nodes[0], grade="SUB_HEALTHY")
-    nodes[1] = replace(nodes[1], cordoned=True)
+    nodes[0] = msgspec.structs.replace(nodes[0], grade="SUB_HEALTHY")
+    nodes[1] = msgspec.structs.replace(nodes[1], cordoned=True)
     assert place(JobRequest("j", nodes=2), nodes) is not None
     assert place(JobRequest("j", nodes=2, exclude=frozenset({"r1.c1.a-3"})), nodes) is None
 

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,7 +51,10 @@ def fleets(draw: st.DrawFn, max_nodes: int = 8, one_rack: bool = False) -> list[
             )
         )
     if one_rack:
-        nodes = [replace(n, region="r1", zone="z1", cluster="c1", rack="a") for n in nodes]
+        nodes = [
+            msgspec.structs.replace(n, region="r1", zone="z1", cluster="c1", rack="a")
+            for n in nodes
+        ]
     return nodes
 
 
@@ -349,3 +353,32 @@ def test_queue_pass_keeps_every_invariant(
             h for b in result.blocked if order[b.job_id] < order[placed.job_id] for h in b.reserved
         }
         assert not set(placed.nodes) & ahead, "backfill took a node reserved for a job ahead of it"
+
+
+def test_greedy_preemption_spares_the_last_victim_of_its_group_when_not_needed() -> None:
+    """Found by the property above: the greedy plan picked run0 and run1 for a rack-level
+    fit and never tried to spare run1, the last of its group's prefix, although the job
+    fits at region level with run0 alone."""
+
+    def node(handle: str, *, zone: str = "z1", cluster: str = "c1", leaf: str = "") -> FleetNode:
+        return FleetNode(
+            handle=handle, region="r1", cluster=cluster, zone=zone, rack="a", leaf=leaf,
+            gpus=4, gpu_type="h100", cpu_cores=8, memory_gb=64, bandwidth_tier=1,
+        )  # fmt: skip
+
+    def job(job_id: str, placement: tuple[str, ...]) -> RunningJob:
+        request = JobRequest(
+            job_id=job_id, nodes=len(placement), tenant="t1", cpu=1, max_spread="rack",
+            priority=0, preemptible=True,
+        )  # fmt: skip
+        return RunningJob(request=request, placement=placement)
+
+    nodes = [
+        node("n0"), node("n1", zone="z2"), node("n2"), node("n3", cluster="c2"), node("n4"),
+        node("n5", leaf="l1"),
+    ]  # fmt: skip
+    running = [job("run0", ("n0", "n1")), job("run1", ("n0", "n2", "n3")), job("run2", ("n3",))]
+    req = JobRequest(job_id="new", nodes=2, tenant="t2", cpu=1, priority=2, sensitive=True)
+    plan = plan_preemption(req, nodes, running, budget=0)
+    assert plan is not None
+    assert plan.victims == ("run0",)

@@ -12,6 +12,7 @@ import pytest
 from metalguard.controller.core.rules.disks import GROWTH_RULES
 from metalguard.controller.core.scoring.config import RULE_KEYS, Severity
 from metalguard.proto.telemetry import CollectorError, CollectorRun, EdacController, EdacCsrow
+from tests.unit.rule_cases import GPU_CASES, NETWORK_CASES
 from tests.unit.scoring_helpers import (
     DIMM_LABEL,
     Step,
@@ -24,8 +25,6 @@ from tests.unit.scoring_helpers import (
     run,
     temp,
 )
-from tests.unit.test_rules_gpu import GPU_CASES
-from tests.unit.test_rules_network import NETWORK_CASES
 
 
 class Case(NamedTuple):
@@ -262,8 +261,8 @@ CASES: list[Case] = [
     Case("a counter drops", two(ce(50), ce(3)), "counter_reset", "info"),
     Case("a counter stays", two(ce(50), ce(50)), "counter_reset", None),
 ]
-CASES += [Case(*c) for c in NETWORK_CASES]  # the network rules' table lives with them
-CASES += [Case(*c) for c in GPU_CASES]  # and the GPU rules' too
+CASES += [Case(*c) for c in NETWORK_CASES]  # the network and GPU rules' tables are
+CASES += [Case(*c) for c in GPU_CASES]  # shared with their own tests (rule_cases.py)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -22,17 +22,9 @@ from metalguard.controller.core.scoring.engine import (
     summarize,
 )
 from metalguard.controller.core.scoring.signals import fingerprint, observe
-from metalguard.proto.telemetry import (
-    EdacController,
-    EdacDimm,
-    GpuDevice,
-    NetInterface,
-    NvLinkErrors,
-    TcClassStats,
-    TelemetryBatch,
-)
+from metalguard.proto.telemetry import EdacController, EdacDimm, TelemetryBatch
+from tests.unit.batch_strategies import node_batches
 from tests.unit.scoring_helpers import batch
-from tests.unit.test_scoring_properties import batches
 
 RETENTION_S = DEFAULT_SCORING.retention_s()
 
@@ -51,45 +43,6 @@ def every_rule(signals: NodeSignals | None, b: TelemetryBatch) -> tuple[NodeSign
     )
     ctx = Context(batch=b, signals=updated, config=DEFAULT_SCORING)
     return updated, summarize([f for rule in RULES for f in rule(ctx)], DEFAULT_SCORING)
-
-
-counts = st.none() | st.integers(0, 500)
-tc_classes = st.builds(
-    TcClassStats,
-    classid=st.sampled_from(["1:10", "1:20"]),
-    lossless=st.booleans(),
-    drops=st.integers(0, 500),
-)
-interfaces = st.builds(
-    NetInterface,
-    name=st.sampled_from(["eth0", "ib0"]),
-    rx_dropped=counts,
-    tx_errors=counts,
-    rx_pause=counts,
-    tc_classes=st.lists(tc_classes, max_size=2).map(tuple),
-)
-
-
-gpus = st.builds(
-    GpuDevice,
-    index=st.sampled_from([0, 1]),
-    ecc_sbe_volatile=counts,
-    ecc_dbe_volatile=st.none() | st.integers(0, 2),
-    pcie_replay_count=counts,
-    row_remap_failure=st.none() | st.booleans(),
-    pcie_downgraded=st.booleans(),
-    nvlinks=st.lists(st.builds(NvLinkErrors, link=st.just(0), crc_flit=counts), max_size=1).map(
-        tuple
-    ),
-)
-
-
-@st.composite
-def node_batches(draw: st.DrawFn) -> TelemetryBatch:
-    """The scorer properties' random batches, with network and GPU readings too."""
-    nets = tuple(draw(st.lists(interfaces, max_size=2)))
-    gpu = tuple(draw(st.lists(gpus, max_size=2)))
-    return msgspec.structs.replace(draw(batches()), net=nets, gpu=gpu)
 
 
 steps = st.tuples(

@@ -18,8 +18,8 @@ from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringCo
 from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, ScoringMemo, assess
 from metalguard.controller.core.scoring.signals import observe
 from metalguard.proto.telemetry import EdacController, EdacDimm, TelemetryBatch
+from tests.unit.batch_strategies import node_batches
 from tests.unit.scoring_helpers import batch, pci
-from tests.unit.test_scoring_fast_path import node_batches
 
 RETENTION_S = DEFAULT_SCORING.retention_s()
 

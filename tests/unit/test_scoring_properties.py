@@ -21,10 +21,8 @@ from metalguard.proto.base import Reason
 from metalguard.proto.telemetry import (
     AerCounters,
     BmcReading,
-    BmcSensor,
     CollectorRun,
     EdacController,
-    EdacDimm,
     Fan,
     HwmonChip,
     PcieDevice,
@@ -32,109 +30,11 @@ from metalguard.proto.telemetry import (
     TelemetryBatch,
     Temperature,
 )
-from tests.unit.scoring_helpers import T0, batch
+from tests.unit.batch_strategies import batches
+from tests.unit.scoring_helpers import T0
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 GRADE_RANK = {"HEALTHY": 0, "SUB_HEALTHY": 1, "FAILING": 2}
-
-small = st.integers(0, 3)
-maybe_small = st.none() | small
-temps_c = st.none() | st.sampled_from([0.0, 40.0, 79.0, 80.0, 94.0, 95.0, 99.0, 100.0, 120.0])
-
-dimms = st.builds(
-    EdacDimm, name=st.sampled_from(["dimm0", "dimm1"]), ce_count=maybe_small, ue_count=maybe_small
-)
-controllers = st.builds(
-    EdacController,
-    mc=st.integers(0, 3),
-    ce_count=maybe_small,
-    ue_count=maybe_small,
-    ue_noinfo_count=maybe_small,
-    dimms=st.lists(dimms, max_size=2).map(tuple),
-)
-aer = st.builds(
-    AerCounters,
-    correctable=st.dictionaries(st.sampled_from(["RxErr", "TOTAL_ERR_COR"]), small),
-    fatal=st.dictionaries(st.sampled_from(["DLP", "TOTAL_ERR_FATAL"]), small),
-    nonfatal=st.dictionaries(st.sampled_from(["CmpltTO", "TOTAL_ERR_NONFATAL"]), small),
-)
-devices = st.builds(
-    PcieDevice,
-    address=st.sampled_from(["0000:41:00.0", "0000:42:00.0"]),
-    pci_class=st.sampled_from(["0x020000", "0x030200", "0x060400", "0x010802"]),
-    current_link_speed_gts=st.sampled_from([2.5, 16.0, 32.0]),
-    max_link_speed_gts=st.just(32.0),
-    current_link_width=st.sampled_from([4, 8, 16]),
-    max_link_width=st.just(16),
-    retrains=small,
-    aer=st.none() | aer,
-)
-fans = st.builds(
-    Fan,
-    sensor=st.sampled_from(["fan1", "fan2", "fan3"]),
-    rpm=st.none() | st.sampled_from([0.0, 300.0, 900.0, 1000.0, 2000.0]),
-    min_rpm=st.none() | st.sampled_from([0.0, 950.0]),
-    alarm=st.none() | st.booleans(),
-)
-temps = st.builds(
-    Temperature,
-    sensor=st.sampled_from(["temp1", "temp2"]),
-    celsius=temps_c,
-    crit_celsius=temps_c,
-    max_celsius=temps_c,
-)
-chips = st.builds(
-    HwmonChip,
-    chip=st.sampled_from(["nct6779", "coretemp"]),
-    fans=st.lists(fans, max_size=4).map(tuple),
-    temps=st.lists(temps, max_size=2).map(tuple),
-)
-disks = st.builds(
-    SmartDevice,
-    device=st.sampled_from(["/dev/nvme0", "/dev/sda"]),
-    passed=st.none() | st.booleans(),
-    critical_warning=maybe_small,
-    media_errors=maybe_small,
-    percentage_used=st.none() | st.sampled_from([0, 80, 100, 120]),
-    available_spare=st.none() | st.sampled_from([0, 20, 100]),
-    reallocated_sectors=st.none() | st.sampled_from([0, 10, 500]),
-    pending_sectors=maybe_small,
-    grown_defects=st.none() | st.sampled_from([0, 100]),
-)
-sensors = st.builds(
-    BmcSensor,
-    name=st.just("FAN1"),
-    kind=st.just("fan"),
-    value=st.none() | st.just(300.0),
-    status=st.sampled_from(["ok", "warning", "critical", "unknown"]),
-)
-bmcs = st.builds(
-    BmcReading,
-    source=st.sampled_from(["redfish", "ipmi"]),
-    reachable=st.booleans(),
-    health=st.sampled_from(["OK", "Warning", "Critical", ""]),
-    sensors=st.lists(sensors, max_size=2).map(tuple),
-)
-runs = st.builds(
-    CollectorRun,
-    collector=st.sampled_from(["edac", "smart"]),
-    duration_s=st.just(0.1),
-    success=st.booleans(),
-)
-
-
-@st.composite
-def batches(draw: st.DrawFn, offset_s: float = 0.0) -> TelemetryBatch:
-    return batch(
-        offset_s,
-        edac=tuple(draw(st.lists(controllers, max_size=2))),
-        pcie=tuple(draw(st.lists(devices, max_size=2))),
-        hwmon=tuple(draw(st.lists(chips, max_size=2))),
-        smart=tuple(draw(st.lists(disks, max_size=2))),
-        bmc=tuple(draw(st.lists(bmcs, max_size=1))),
-        collectors=tuple(draw(st.lists(runs, max_size=2))),
-    )
-
 
 FAULTS: list[tuple[str, Any]] = [
     ("edac", EdacController(mc=99, ue_count=1)),

@@ -1,24 +1,22 @@
 """The workload runner's pure parts, the command handler's idempotency and expiry, and the
-client library against the agent's real socket end."""
+client library without an agent (against the agent's real socket end:
+tests/integration/test_workload_channel.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from metalguard.agent.workload import client
-from metalguard.agent.workload.channel import Channel, ChannelPeer
 from metalguard.agent.workload.commands import BadArgsError, CommandHandler, parse_start
 from metalguard.agent.workload.reports import digest_from, exit_info, exited_event, step_from_name
 from metalguard.agent.workload.runner import Runner, RunnerSettings
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import Command, NodeEvent
 from tests.clock import T0, ManualClock
-from tests.waiting import wait_until
 
 ME = NodeIdentity(region="r1", cluster="c1", node="n1")
 
@@ -90,45 +88,6 @@ def test_client_without_an_agent_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> 
     assert not missing.connected
     env = client.job_env({"MG_RANK": "3", "MG_WORLD_SIZE": "8", "MG_CHECKPOINT_EVERY": "bad"})
     assert (env.rank, env.world_size, env.checkpoint_every) == (3, 8, 0.0)
-
-
-async def test_client_library_speaks_to_the_agent_socket(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    got: list[dict[str, object]] = []
-    peers: list[ChannelPeer] = []
-
-    async def on_message(peer: ChannelPeer, msg: dict[str, object]) -> None:
-        peers.append(peer)
-        got.append(msg)
-
-    channel = Channel(str(tmp_path / "wl.sock"), on_message, lambda _peer: None)
-    await channel.start()
-    monkeypatch.setenv("MG_JOB_ID", "j1")
-    try:
-        wl = client.connect(channel.path, handle_sigusr1=False)
-        assert wl.connected
-        wl.report_progress(7)
-        await wait_until(lambda: len(got) == 2, 5, "hello and progress")
-        assert got[0]["op"] == "hello"
-        assert got[0]["job_id"] == "j1"
-        assert got[1] == {"op": "progress", "step": 7}
-        assert not wl.checkpoint_requested()
-        await peers[0].send({"op": "checkpoint", "request_id": "r1"})
-        await wait_until(wl.checkpoint_requested, 5, "the request to reach the client")
-        wl.checkpoint_done(8, "/c/ckpt-00000008.json")
-        await wait_until(lambda: len(got) == 3, 5, "the answer")
-        assert got[2] == {
-            "op": "checkpoint_done",
-            "step": 8,
-            "path": "/c/ckpt-00000008.json",
-            "request_id": "r1",
-        }
-        assert not wl.checkpoint_requested()
-        wl.close()
-    finally:
-        await channel.close()
-    assert not await asyncio.to_thread(os.path.exists, channel.path)
 
 
 def _handler(tmp_path: Path, clock: ManualClock, remember: int = 16) -> CommandHandler:

@@ -1,12 +1,16 @@
 """What every rule shares: its input (:class:`Context`) and its output (:class:`Finding`).
 
-A rule is a pure function ``Context -> Iterable[Finding]``; a counter source is a pure
-function ``TelemetryBatch -> Iterable[(key, value)]`` naming the counters whose history
-the rules of its module read back through ``Context.signals``.
+A rule is a pure function ``Context -> Iterable[Finding]``; most are written as
+``(Context, settings) -> Iterable[Finding]`` under :func:`configured`, which hands them
+their own settings and skips them while disabled. A counter source is a pure function
+``TelemetryBatch -> Iterable[(key, value)]`` naming the counters whose history the rules
+of its module read back through ``Context.signals``.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -14,6 +18,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from metalguard.controller.core.scoring.config import (
+    RULE_KEYS,
+    AnyRule,
     FlagRule,
     RateRule,
     Rules,
@@ -57,6 +63,27 @@ class Context:
 
 Rule = Callable[[Context], Iterable[Finding]]
 CounterSource = Callable[[TelemetryBatch], Iterable[tuple[str, int]]]
+
+_S = TypeVar("_S", bound=AnyRule)
+
+
+def configured(fn: Callable[[Context, _S], Iterable[Finding]]) -> Rule:
+    """Make ``fn(ctx, settings)`` a rule: it is called with the settings under its own
+    name (``ctx.rules.<fn.__name__>``), and not at all while they are disabled (the rule
+    then finds nothing). Put it below :func:`reads` and :func:`growth_only`: they mark
+    the rule it returns."""
+    key = fn.__name__
+    if key not in RULE_KEYS:
+        raise ValueError(f"{key!r} is not a rule's key in [rules]")
+    settings_of = operator.attrgetter(key)
+
+    @functools.wraps(fn)
+    def rule(ctx: Context) -> Iterable[Finding]:
+        settings: _S = settings_of(ctx.rules)
+        return fn(ctx, settings) if settings.enabled else ()
+
+    return rule
+
 
 GROWTH_ONLY_RULES: set[Rule] = set()
 """Rules marked with :func:`growth_only`."""

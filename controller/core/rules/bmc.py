@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from metalguard.controller.core.rules.base import Context, Finding, finding, flagged, reads
+from metalguard.controller.core.rules.base import (
+    Context,
+    Finding,
+    configured,
+    finding,
+    flagged,
+    reads,
+)
+from metalguard.controller.core.scoring.config import FlagRule, LevelPenalties
 from metalguard.proto.telemetry import BmcReading, BmcSensor
 
 HEALTH_SEVERE = "critical"
@@ -17,11 +25,9 @@ HEALTH_WARNING = "warning"
 
 
 @reads("bmc")
-def bmc_health(ctx: Context) -> Iterator[Finding]:
+@configured
+def bmc_health(ctx: Context, rule: LevelPenalties) -> Iterator[Finding]:
     """The BMC's overall health: Critical is severe, Warning a warning."""
-    rule = ctx.rules.bmc_health
-    if not rule.enabled:
-        return
     for reading in ctx.batch.bmc:
         health = reading.health.strip().lower()
         if not reading.reachable or health not in (HEALTH_SEVERE, HEALTH_WARNING):
@@ -40,11 +46,9 @@ def bmc_health(ctx: Context) -> Iterator[Finding]:
 
 
 @reads("bmc")
-def bmc_sensor(ctx: Context) -> Iterator[Finding]:
+@configured
+def bmc_sensor(ctx: Context, rule: LevelPenalties) -> Iterator[Finding]:
     """A BMC sensor in critical (severe) or warning status."""
-    rule = ctx.rules.bmc_sensor
-    if not rule.enabled:
-        return
     for reading in ctx.batch.bmc:
         for sensor in reading.sensors:
             status = sensor.status.strip().lower()
@@ -64,11 +68,9 @@ def bmc_sensor(ctx: Context) -> Iterator[Finding]:
 
 
 @reads("bmc")
-def bmc_unreachable(ctx: Context) -> Iterator[Finding]:
+@configured
+def bmc_unreachable(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
     """A BMC source that did not answer (a note by default)."""
-    rule = ctx.rules.bmc_unreachable
-    if not rule.enabled:
-        return
     for reading in ctx.batch.bmc:
         if not reading.reachable:
             yield flagged(

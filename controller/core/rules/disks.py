@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from metalguard.controller.core.rules.base import Context, Finding, finding, flagged, plural, reads
-from metalguard.controller.core.scoring.config import GrowthRule
+from metalguard.controller.core.rules.base import (
+    Context,
+    Finding,
+    configured,
+    finding,
+    flagged,
+    plural,
+    reads,
+)
+from metalguard.controller.core.scoring.config import FlagRule, GrowthRule, LevelRule, ThresholdRule
 from metalguard.proto.telemetry import NVME_CRITICAL_WARNING_BITS, SmartDevice, TelemetryBatch
 
 CRITICAL_WARNING_BITS = 8
@@ -36,11 +44,9 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
 
 
 @reads("smart")
-def smart_failed(ctx: Context) -> Iterator[Finding]:
+@configured
+def smart_failed(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
     """The drive's overall-health self-assessment failed: fatal by default."""
-    rule = ctx.rules.smart_failed
-    if not rule.enabled:
-        return
     for disk in ctx.batch.smart:
         if disk.passed is False:
             yield flagged(
@@ -54,11 +60,9 @@ def smart_failed(ctx: Context) -> Iterator[Finding]:
 
 
 @reads("smart")
-def nvme_critical_warning(ctx: Context) -> Iterator[Finding]:
+@configured
+def nvme_critical_warning(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
     """Any NVMe critical-warning bit set."""
-    rule = ctx.rules.nvme_critical_warning
-    if not rule.enabled:
-        return
     for disk in ctx.batch.smart:
         if disk.critical_warning:
             yield flagged(
@@ -73,11 +77,9 @@ def nvme_critical_warning(ctx: Context) -> Iterator[Finding]:
 
 
 @reads("smart")
-def nvme_wear(ctx: Context) -> Iterator[Finding]:
+@configured
+def nvme_wear(ctx: Context, rule: LevelRule) -> Iterator[Finding]:
     """NVMe ``percentage_used`` (rated endurance spent) at the warning or severe level."""
-    rule = ctx.rules.nvme_wear
-    if not rule.enabled:
-        return
     for disk in ctx.batch.smart:
         used = disk.percentage_used
         if used is None or used < rule.warning_threshold:
@@ -96,11 +98,9 @@ def nvme_wear(ctx: Context) -> Iterator[Finding]:
 
 
 @reads("smart")
-def nvme_spare(ctx: Context) -> Iterator[Finding]:
+@configured
+def nvme_spare(ctx: Context, rule: ThresholdRule) -> Iterator[Finding]:
     """NVMe ``available_spare`` at or below the threshold (percent)."""
-    rule = ctx.rules.nvme_spare
-    if not rule.enabled:
-        return
     for disk in ctx.batch.smart:
         spare = disk.available_spare
         if spare is not None and spare <= rule.threshold:

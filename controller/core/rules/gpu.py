@@ -13,12 +13,14 @@ from collections.abc import Iterator
 from metalguard.controller.core.rules.base import (
     Context,
     Finding,
+    configured,
     flagged,
     growth_only,
     plural,
     rate_finding,
     reads,
 )
+from metalguard.controller.core.scoring.config import FlagRule, RateRule, ThresholdRule
 from metalguard.proto.telemetry import GpuDevice, TelemetryBatch
 
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake"})
@@ -39,11 +41,9 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
 
 
 @reads("gpu")
-def gpu_ecc_uncorrectable(ctx: Context) -> Iterator[Finding]:
+@configured
+def gpu_ecc_uncorrectable(ctx: Context, rule: ThresholdRule) -> Iterator[Finding]:
     """Double-bit (uncorrectable) ECC errors since the driver loaded: fatal by default."""
-    rule = ctx.rules.gpu_ecc_uncorrectable
-    if not rule.enabled:
-        return
     for gpu in ctx.batch.gpu:
         count = gpu.ecc_dbe_volatile
         if count is None:
@@ -60,11 +60,9 @@ def gpu_ecc_uncorrectable(ctx: Context) -> Iterator[Finding]:
 
 
 @reads("gpu")
-def gpu_row_remap_failure(ctx: Context) -> Iterator[Finding]:
+@configured
+def gpu_row_remap_failure(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
     """A memory row that could not be remapped: the GPU needs service."""
-    rule = ctx.rules.gpu_row_remap_failure
-    if not rule.enabled:
-        return
     for gpu in ctx.batch.gpu:
         if gpu.row_remap_failure:
             yield flagged(
@@ -77,11 +75,9 @@ def gpu_row_remap_failure(ctx: Context) -> Iterator[Finding]:
 
 
 @reads("gpu")
-def gpu_reset_pending(ctx: Context) -> Iterator[Finding]:
+@configured
+def gpu_reset_pending(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
     """A row remap or page retirement that takes effect at the next GPU reset."""
-    rule = ctx.rules.gpu_reset_pending
-    if not rule.enabled:
-        return
     for gpu in ctx.batch.gpu:
         what = [
             name
@@ -102,11 +98,9 @@ def gpu_reset_pending(ctx: Context) -> Iterator[Finding]:
 
 
 @reads("gpu")
-def gpu_pcie_downgrade(ctx: Context) -> Iterator[Finding]:
+@configured
+def gpu_pcie_downgrade(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
     """A GPU's PCIe link narrower than its maximum, or slower while busy."""
-    rule = ctx.rules.gpu_pcie_downgrade
-    if not rule.enabled:
-        return
     for gpu in ctx.batch.gpu:
         if gpu.pcie_downgraded:
             now = f"gen{gpu.pcie_link_gen} x{gpu.pcie_link_width}"
@@ -122,11 +116,9 @@ def gpu_pcie_downgrade(ctx: Context) -> Iterator[Finding]:
 
 
 @reads("gpu")
-def gpu_thermal_slowdown(ctx: Context) -> Iterator[Finding]:
+@configured
+def gpu_thermal_slowdown(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
     """Clocks held down because the GPU is too hot."""
-    rule = ctx.rules.gpu_thermal_slowdown
-    if not rule.enabled:
-        return
     for gpu in ctx.batch.gpu:
         hot = sorted(THERMAL_REASONS.intersection(gpu.throttle_reasons))
         if hot:
@@ -142,21 +134,24 @@ def gpu_thermal_slowdown(ctx: Context) -> Iterator[Finding]:
 
 
 @growth_only
-def gpu_ecc_correctable_rate(ctx: Context) -> Iterator[Finding]:
+@configured
+def gpu_ecc_correctable_rate(ctx: Context, rule: RateRule) -> Iterator[Finding]:
     """Corrected (single-bit) ECC errors per hour per GPU."""
-    yield from _rates(ctx, "gpu_ecc_correctable_rate", "ecc_sbe", "corrected ECC errors")
+    yield from _rates(ctx, "gpu_ecc_correctable_rate", rule, "ecc_sbe", "corrected ECC errors")
 
 
 @growth_only
-def gpu_pcie_replay_rate(ctx: Context) -> Iterator[Finding]:
+@configured
+def gpu_pcie_replay_rate(ctx: Context, rule: RateRule) -> Iterator[Finding]:
     """PCIe replays (link-level retransmissions) per hour per GPU."""
-    yield from _rates(ctx, "gpu_pcie_replay_rate", "pcie_replay", "PCIe replays")
+    yield from _rates(ctx, "gpu_pcie_replay_rate", rule, "pcie_replay", "PCIe replays")
 
 
 @growth_only
-def gpu_nvlink_error_rate(ctx: Context) -> Iterator[Finding]:
+@configured
+def gpu_nvlink_error_rate(ctx: Context, rule: RateRule) -> Iterator[Finding]:
     """NVLink CRC, replay and recovery errors per hour per GPU (all its links)."""
-    yield from _rates(ctx, "gpu_nvlink_error_rate", "nvlink_errors", "NVLink errors")
+    yield from _rates(ctx, "gpu_nvlink_error_rate", rule, "nvlink_errors", "NVLink errors")
 
 
 RULES = (
@@ -171,12 +166,9 @@ RULES = (
 )
 
 
-def _rates(ctx: Context, key: str, counter: str, what: str) -> Iterator[Finding]:
+def _rates(ctx: Context, key: str, rule: RateRule, counter: str, what: str) -> Iterator[Finding]:
     """The rate rule ``key`` over each GPU's ``counter`` (signal ``gpu.<counter>_rate``)."""
-    rule = getattr(ctx.rules, key)
     signal = f"gpu.{counter}_rate"
-    if not rule.enabled:
-        return
     for gpu in ctx.batch.gpu:
         found = rate_finding(
             key, rule, ctx, _key(gpu, counter), signal=signal, what=what, subject=_subject(gpu)

@@ -14,12 +14,14 @@ from collections.abc import Iterator
 from metalguard.controller.core.rules.base import (
     Context,
     Finding,
+    configured,
     flagged,
     growth_only,
     plural,
     rate_finding,
     reads,
 )
+from metalguard.controller.core.scoring.config import RateRule, ThresholdRule
 from metalguard.proto.telemetry import EdacController, TelemetryBatch
 
 
@@ -39,11 +41,9 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
 
 
 @reads("edac")
-def ecc_uncorrectable(ctx: Context) -> Iterator[Finding]:
+@configured
+def ecc_uncorrectable(ctx: Context, rule: ThresholdRule) -> Iterator[Finding]:
     """Any uncorrectable ECC error, at any level: fatal by default."""
-    rule = ctx.rules.ecc_uncorrectable
-    if not rule.enabled:
-        return
     for mc in ctx.batch.edac:
         for signal, subject, count in _uncorrectable(mc):
             if count > 0 and count >= rule.threshold:
@@ -58,11 +58,9 @@ def ecc_uncorrectable(ctx: Context) -> Iterator[Finding]:
 
 
 @growth_only
-def ecc_correctable_rate(ctx: Context) -> Iterator[Finding]:
+@configured
+def ecc_correctable_rate(ctx: Context, rule: RateRule) -> Iterator[Finding]:
     """Correctable ECC errors per hour per DIMM over the rule's window."""
-    rule = ctx.rules.ecc_correctable_rate
-    if not rule.enabled:
-        return
     for mc in ctx.batch.edac:
         for key, subject, _count in _correctable(mc):
             found = rate_finding(

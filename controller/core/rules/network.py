@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from metalguard.controller.core.rules.base import Context, Finding, growth_only, rate_finding, reads
+from metalguard.controller.core.rules.base import (
+    Context,
+    Finding,
+    configured,
+    growth_only,
+    rate_finding,
+    reads,
+)
 from metalguard.controller.core.scoring.config import RateRule
 from metalguard.proto.telemetry import NetInterface, TcClassStats, TelemetryBatch
 
@@ -35,29 +42,30 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
 
 
 @growth_only
-def net_error_rate(ctx: Context) -> Iterator[Finding]:
+@configured
+def net_error_rate(ctx: Context, rule: RateRule) -> Iterator[Finding]:
     """rx + tx errors per hour per interface (CRC, frame, FIFO, ...)."""
-    yield from _per_interface(ctx, "net_error_rate", ctx.rules.net_error_rate, "errors")
+    yield from _per_interface(ctx, "net_error_rate", rule, "errors")
 
 
 @growth_only
-def net_drop_rate(ctx: Context) -> Iterator[Finding]:
+@configured
+def net_drop_rate(ctx: Context, rule: RateRule) -> Iterator[Finding]:
     """rx + tx drops per hour per interface (full rings and queues: bursts, incast)."""
-    yield from _per_interface(ctx, "net_drop_rate", ctx.rules.net_drop_rate, "drops")
+    yield from _per_interface(ctx, "net_drop_rate", rule, "drops")
 
 
 @growth_only
-def net_pause_storm(ctx: Context) -> Iterator[Finding]:
+@configured
+def net_pause_storm(ctx: Context, rule: RateRule) -> Iterator[Finding]:
     """PFC/pause frames received + sent per hour per interface."""
-    yield from _per_interface(ctx, "net_pause_storm", ctx.rules.net_pause_storm, "pause")
+    yield from _per_interface(ctx, "net_pause_storm", rule, "pause")
 
 
 @growth_only
-def tc_lossless_drops(ctx: Context) -> Iterator[Finding]:
+@configured
+def tc_lossless_drops(ctx: Context, rule: RateRule) -> Iterator[Finding]:
     """Drops per hour in a tc class that serves a lossless (PFC) priority."""
-    rule = ctx.rules.tc_lossless_drops
-    if not rule.enabled:
-        return
     for net in ctx.batch.net:
         for tc in net.tc_classes:
             if not tc.lossless:
@@ -86,8 +94,6 @@ _SIGNAL = {
 
 
 def _per_interface(ctx: Context, key: str, rule: RateRule, kind: str) -> Iterator[Finding]:
-    if not rule.enabled:
-        return
     for net in ctx.batch.net:
         found = rate_finding(
             key,

@@ -8,13 +8,14 @@ from typing import Literal
 from metalguard.controller.core.rules.base import (
     Context,
     Finding,
+    configured,
     flagged,
     growth_only,
     plural,
     rate_finding,
     reads,
 )
-from metalguard.controller.core.scoring.config import ThresholdRule
+from metalguard.controller.core.scoring.config import RateRule, ThresholdRule, WindowThresholdRule
 from metalguard.proto.telemetry import PcieDevice, TelemetryBatch
 
 TOTAL_PREFIX = "TOTAL_ERR_"
@@ -31,22 +32,22 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
 
 
 @reads("pcie")
-def aer_fatal(ctx: Context) -> Iterator[Finding]:
+@configured
+def aer_fatal(ctx: Context, rule: ThresholdRule) -> Iterator[Finding]:
     """Any fatal AER error (``TOTAL_ERR_FATAL`` or a named counter): fatal by default."""
-    yield from _uncorrectable(ctx, "aer_fatal", ctx.rules.aer_fatal, "fatal")
+    yield from _uncorrectable(ctx, "aer_fatal", rule, "fatal")
 
 
 @reads("pcie")
-def aer_nonfatal(ctx: Context) -> Iterator[Finding]:
+@configured
+def aer_nonfatal(ctx: Context, rule: ThresholdRule) -> Iterator[Finding]:
     """Any non-fatal uncorrectable AER error: fatal by default."""
-    yield from _uncorrectable(ctx, "aer_nonfatal", ctx.rules.aer_nonfatal, "nonfatal")
+    yield from _uncorrectable(ctx, "aer_nonfatal", rule, "nonfatal")
 
 
 def _uncorrectable(
     ctx: Context, key: str, rule: ThresholdRule, kind: Literal["fatal", "nonfatal"]
 ) -> Iterator[Finding]:
-    if not rule.enabled:
-        return
     for dev in ctx.batch.pcie:
         if dev.aer is None:
             continue
@@ -70,11 +71,9 @@ def _uncorrectable(
 
 
 @growth_only
-def aer_correctable_rate(ctx: Context) -> Iterator[Finding]:
+@configured
+def aer_correctable_rate(ctx: Context, rule: RateRule) -> Iterator[Finding]:
     """Correctable AER errors per hour per device over the rule's window."""
-    rule = ctx.rules.aer_correctable_rate
-    if not rule.enabled:
-        return
     for dev in ctx.batch.pcie:
         if dev.aer is None:
             continue
@@ -116,11 +115,9 @@ def link_downgrade(ctx: Context) -> Iterator[Finding]:
 
 
 @growth_only
-def link_retrains(ctx: Context) -> Iterator[Finding]:
+@configured
+def link_retrains(ctx: Context, rule: WindowThresholdRule) -> Iterator[Finding]:
     """Link state changes (downgrades and recoveries) within the rule's window."""
-    rule = ctx.rules.link_retrains
-    if not rule.enabled:
-        return
     for dev in ctx.batch.pcie:
         grown = ctx.signals.increase(_retrain_key(dev), rule.window_s, ctx.now)
         if grown > 0 and grown >= rule.threshold:

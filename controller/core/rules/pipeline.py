@@ -4,18 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from metalguard.controller.core.rules.base import Context, Finding, flagged, growth_only, reads
+from metalguard.controller.core.rules.base import (
+    Context,
+    Finding,
+    configured,
+    flagged,
+    growth_only,
+    reads,
+)
+from metalguard.controller.core.scoring.config import FlagRule
 
 RESET_KEYS_LISTED = 5
 """How many reset counters a counter_reset message names before ``...``."""
 
 
 @reads("collectors", "errors")
-def collector_failed(ctx: Context) -> Iterator[Finding]:
+@configured
+def collector_failed(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
     """A collector whose run failed in this cycle; its other readings may be stale."""
-    rule = ctx.rules.collector_failed
-    if not rule.enabled:
-        return
     for run in ctx.batch.collectors:
         if run.success:
             continue
@@ -32,11 +38,9 @@ def collector_failed(ctx: Context) -> Iterator[Finding]:
 
 
 @growth_only
-def counter_reset(ctx: Context) -> Iterator[Finding]:
+@configured
+def counter_reset(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
     """Counters that dropped in this batch (reboot, driver reload): a note by default."""
-    rule = ctx.rules.counter_reset
-    if not rule.enabled:
-        return
     keys = [key for key in ctx.signals.counters if ctx.signals.reset_at(key, ctx.batch.ts)]
     if keys:
         shown = ", ".join(keys[:RESET_KEYS_LISTED]) + (

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from metalguard.proto.documents import DocumentError, convert, parse_toml, read_text
+from metalguard.proto.documents import DocumentError, load_document
 
 Severity = Literal["fatal", "severe", "warning", "info"]
 """fatal: the node is FAILING whatever its score; info: a note that costs nothing."""
@@ -311,19 +311,19 @@ DEFAULT_SCORING = ScoringConfig()
 
 def parse_scoring_config(text: str, source: str = "<scoring>") -> ScoringConfig:
     """Parse TOML text over the defaults; raise ScoringConfigError naming source, key, problem."""
-    try:
-        raw = parse_toml(text, source)
-        return convert(_merge(msgspec.to_builtins(DEFAULT_SCORING), raw), ScoringConfig, source)
-    except DocumentError as exc:
-        raise ScoringConfigError(str(exc)) from None
+    return load_document(
+        text, ScoringConfig, source=source, error=ScoringConfigError, prepare=_over_defaults
+    )
 
 
 def load_scoring_config(path: Path) -> ScoringConfig:
     """Read and parse the scoring config file at ``path``."""
-    try:
-        return parse_scoring_config(read_text(path), str(path))
-    except DocumentError as exc:
-        raise ScoringConfigError(str(exc)) from None
+    return load_document(path, ScoringConfig, error=ScoringConfigError, prepare=_over_defaults)
+
+
+def _over_defaults(raw: dict[str, Any]) -> Any:
+    """A file's tables laid over the default settings."""
+    return _merge(msgspec.to_builtins(DEFAULT_SCORING), raw)
 
 
 def _merge(defaults: Any, override: Any) -> Any:

@@ -152,22 +152,10 @@ def assess(
     values: dict[str, int] = {}
     for source in COUNTER_SOURCES:
         values.update(source(batch))
-    retention_s = _retention_s(config)
-    updated, steady = take_in(
-        signals,
-        batch.ts,
-        values,
-        retention_s=retention_s,
-        max_samples=config.history.max_samples_per_key,
-    )
-    ctx = Context(batch=batch, signals=updated, config=config)
-    quiet = steady or updated.quiet_since(ctx.now - retention_s)
+    updated, steady, ctx, quiet = _take_in(signals, batch, values, config)
     rules = READING_RULES if quiet else RULES
     found = [item for rule in rules for item in rule(ctx)]
-    assessment = summarize(found, config)
-    if steady or fingerprint(updated) == fingerprint(signals):
-        return updated, assessment
-    return updated, msgspec.structs.replace(assessment, history_changed=True)
+    return _result(signals, updated, steady, summarize(found, config))
 
 
 def _assess_memo(
@@ -181,16 +169,7 @@ def _assess_memo(
     values = memo.values
     if values is None or not unchanged >= _COUNTER_FIELDS:
         values = memo.values = dict(memo.run(_SOURCES_PLAN, unchanged, batch))
-    retention_s = _retention_s(config)
-    updated, steady = take_in(
-        signals,
-        batch.ts,
-        values,
-        retention_s=retention_s,
-        max_samples=config.history.max_samples_per_key,
-    )
-    ctx = Context(batch=batch, signals=updated, config=config)
-    quiet = steady or updated.quiet_since(ctx.now - retention_s)
+    updated, steady, ctx, quiet = _take_in(signals, batch, values, config)
     found: list[Finding] = memo.run(_READING_PLAN if quiet else _RULES_PLAN, unchanged, ctx)
     previous = memo.found
     if (
@@ -203,6 +182,33 @@ def _assess_memo(
     else:
         assessment = summarize(found, config)
         memo.found, memo.assessment = found, assessment
+    return _result(signals, updated, steady, assessment)
+
+
+def _take_in(
+    signals: NodeSignals | None,
+    batch: TelemetryBatch,
+    values: dict[str, int],
+    config: ScoringConfig,
+) -> tuple[NodeSignals, bool, Context, bool]:
+    """The batch's counter ``values`` taken into the history: (the new history, whether
+    it is steady, the rules' context, whether every counter is quiet)."""
+    retention_s = _retention_s(config)
+    updated, steady = take_in(
+        signals,
+        batch.ts,
+        values,
+        retention_s=retention_s,
+        max_samples=config.history.max_samples_per_key,
+    )
+    ctx = Context(batch=batch, signals=updated, config=config)
+    return updated, steady, ctx, steady or updated.quiet_since(ctx.now - retention_s)
+
+
+def _result(
+    signals: NodeSignals | None, updated: NodeSignals, steady: bool, assessment: Assessment
+) -> tuple[NodeSignals, Assessment]:
+    """What :func:`assess` returns: ``assessment`` says whether the history changed."""
     if steady or fingerprint(updated) == fingerprint(signals):
         return updated, assessment
     return updated, msgspec.structs.replace(assessment, history_changed=True)

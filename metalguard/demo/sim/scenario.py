@@ -33,7 +33,7 @@ import msgspec
 
 from metalguard.demo.sim.faults import KNOWN_KINDS
 from metalguard.proto.base import Token
-from metalguard.proto.documents import DocumentError, decode_toml, read_text
+from metalguard.proto.documents import DocumentError, load_document
 from metalguard.proto.nodes import Grade
 
 
@@ -83,10 +83,16 @@ class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 
 def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
     """Parse and validate scenario TOML; ScenarioError naming source, key and problem."""
-    try:
-        scenario = decode_toml(text, Scenario, source)
-    except DocumentError as exc:
-        raise ScenarioError(str(exc)) from None
+    return _known_kinds(load_document(text, Scenario, source=source, error=ScenarioError), source)
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and parse the scenario file at ``path``."""
+    return _known_kinds(load_document(path, Scenario, error=ScenarioError), str(path))
+
+
+def _known_kinds(scenario: Scenario, source: str) -> Scenario:
+    """``scenario``, once every fault's kind is known; ScenarioError naming the first not."""
     for i, fault in enumerate(scenario.fault):
         if fault.kind not in KNOWN_KINDS:
             raise ScenarioError(
@@ -94,14 +100,6 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
                 f"known: {', '.join(KNOWN_KINDS)}"
             )
     return scenario
-
-
-def load_scenario(path: Path) -> Scenario:
-    """Read and parse the scenario file at ``path``."""
-    try:
-        return parse_scenario(read_text(path), str(path))
-    except DocumentError as exc:
-        raise ScenarioError(str(exc)) from None
 
 
 def unknown_nodes(scenario: Scenario, nodes: Iterable[str]) -> list[str]:

@@ -1,0 +1,194 @@
+"""The node routes (docs/api.md): ``GET /v1/nodes`` (the list, filtered), ``GET
+/v1/nodes/{node}`` (one node's record, signals and readings) and ``POST
+/v1/nodes/{node}/{cordon|uncordon|maintenance}`` (an operator's action, admin token).
+
+``{node}`` is a handle ``region.cluster.node``, or a bare node name when only one node
+has it.  :class:`ControllerView` is what these routes need of the controller.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final, Protocol, cast, get_args
+
+from aiohttp import web
+
+from metalguard.controller.api.auth import check_admin, check_read
+from metalguard.controller.api.errors import ApiError, query_params
+from metalguard.controller.api.leader import leader_elsewhere
+from metalguard.controller.core.lifecycle import OperatorAction
+from metalguard.controller.core.scoring.signals import NodeSignals
+from metalguard.proto.codec import to_builtins
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.nodes import GRADES, NodeRecord
+
+ACTIONS: Final = get_args(OperatorAction)
+MAX_REASON: Final = 500
+MAX_WHO: Final = 64
+LIST_FILTERS: Final = ("grade", "region", "cluster", "rack")
+
+
+class RecordSource(Protocol):
+    """The node records, by handle (``NodeStore``)."""
+
+    @property
+    def records(self) -> Mapping[str, NodeRecord]: ...
+
+
+class ControllerView(Protocol):
+    """What the API needs of the controller (``RegionController`` satisfies it)."""
+
+    @property
+    def store(self) -> RecordSource: ...
+
+    async def operator_action(
+        self, handle: str, action: OperatorAction, reason: str, who: str
+    ) -> tuple[ControllerEvent, ...]: ...
+
+    def recent_signals(self, handle: str) -> NodeSignals | None:
+        """The node's scoring history (counter samples), if any."""
+        ...
+
+    def recent_readings(self, handle: str) -> dict[str, Any]:
+        """Latest readings beside the record: ``qos`` verdicts, the ``bmc`` word."""
+        ...
+
+
+VIEW: Final = web.AppKey("view", ControllerView)
+
+
+def add_node_routes(app: web.Application, view: ControllerView) -> None:
+    """Register the ``/v1/nodes`` routes over the controller."""
+    app[VIEW] = view
+    app.router.add_get("/v1/nodes", list_nodes)
+    app.router.add_get("/v1/nodes/{node}", get_node)
+    app.router.add_post(f"/v1/nodes/{{node}}/{{action:{'|'.join(ACTIONS)}}}", act)
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    """The nodes, filtered by grade (comma-separated), region, cluster, rack."""
+    check_read(request)
+    query = query_params(request, LIST_FILTERS)
+    grades = parse_grades(query.get("grade", ""))
+    where = {k: v for k, v in query.items() if k != "grade"}
+    records = request.app[VIEW].store.records
+    nodes = [
+        summary(handle, r)
+        for handle, r in sorted(records.items())
+        if (not grades or r.grade in grades) and all(_field(r, k) == v for k, v in where.items())
+    ]
+    return web.json_response({"nodes": nodes})
+
+
+async def get_node(request: web.Request) -> web.Response:
+    """One node's full record (score, grade, reasons, operator state, grade history), its
+    recent signals (each counter's samples ``[ts, value]`` and resets), the QoS verdicts
+    of its newest batch and its BMC's newest out-of-band word."""
+    check_read(request)
+    view = request.app[VIEW]
+    handle, record = lookup(view.store.records, request.match_info["node"])
+    history = view.recent_signals(handle)
+    signals = {
+        key: {"samples": [list(s) for s in h.samples], "resets": h.resets}
+        for key, h in (history.counters.items() if history else ())
+    }
+    body = {"handle": handle, "record": to_builtins(record), "signals": signals}
+    return web.json_response(body | view.recent_readings(handle))
+
+
+async def act(request: web.Request) -> web.Response:
+    """An operator's cordon, uncordon or maintenance (admin token)."""
+    check_admin(request)
+    where = leader_elsewhere(request)
+    if where is not None:
+        raise ApiError(
+            503,
+            "not_leader",
+            f"this controller follows; operator actions go to the leader: {where}",
+        )
+    view = request.app[VIEW]
+    handle, _ = lookup(view.store.records, request.match_info["node"])
+    reason, who = await _action_body(request)
+    action = cast(OperatorAction, request.match_info["action"])  # the route allows ACTIONS
+    try:
+        announced = await view.operator_action(handle, action, reason, who)
+    except KeyError:
+        raise ApiError(404, "not_found", f"unknown node {handle!r}") from None
+    record = view.store.records[handle]
+    return web.json_response(
+        {
+            "handle": handle,
+            "action": action,
+            "events": [to_builtins(e) for e in announced],
+            "record": to_builtins(record),
+        }
+    )
+
+
+def summary(handle: str, r: NodeRecord) -> dict[str, Any]:
+    """A node's line in ``GET /v1/nodes``."""
+    return {
+        "handle": handle,
+        "region": r.node.region,
+        "cluster": r.node.cluster,
+        "node": r.node.node,
+        "rack": r.rack,
+        "grade": r.grade,
+        "score": r.score,
+        "cordoned": r.cordoned,
+        "maintenance": r.maintenance,
+        "held": r.held,
+        "last_seen_ts": r.last_seen_ts,
+        "reasons": [to_builtins(x) for x in r.reasons],
+    }
+
+
+def lookup(records: Mapping[str, NodeRecord], name: str) -> tuple[str, NodeRecord]:
+    """A node by handle, or by bare name when only one node has it (ApiError 404, or 409
+    when the name is ambiguous)."""
+    record = records.get(name)
+    if record is not None:
+        return name, record
+    matches = [(h, r) for h, r in records.items() if r.node.node == name]
+    if not matches:
+        raise ApiError(404, "not_found", f"unknown node {name!r}")
+    if len(matches) > 1:
+        handles = ", ".join(sorted(h for h, _ in matches))
+        raise ApiError(409, "ambiguous", f"node name {name!r} matches {handles}; use the handle")
+    return matches[0]
+
+
+def parse_grades(text: str) -> set[str]:
+    """The grades of a comma-separated ``grade`` filter, upper-cased (ApiError 400 for an
+    unknown one)."""
+    wanted = {g.strip().upper() for g in text.split(",") if g.strip()}
+    bad = sorted(wanted - set(GRADES))
+    if bad:
+        raise ApiError(
+            400, "bad_request", f"unknown grade {', '.join(bad)}; valid: {', '.join(GRADES)}"
+        )
+    return wanted
+
+
+def _field(r: NodeRecord, name: str) -> str:
+    return r.rack if name == "rack" else str(getattr(r.node, name))
+
+
+async def _action_body(request: web.Request) -> tuple[str, str]:
+    """``reason`` (required) and ``who`` (default ``api``) from a JSON body."""
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "bad_request", "the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad_request", 'the body must be a JSON object {"reason": ...}')
+    reason = body.get("reason")
+    who = body.get("who", "api")
+    if not isinstance(reason, str) or not reason.strip():
+        raise ApiError(400, "bad_request", "reason is required (a non-empty string)")
+    if len(reason) > MAX_REASON:
+        raise ApiError(400, "bad_request", f"reason is longer than {MAX_REASON} characters")
+    if not isinstance(who, str) or not who.strip() or len(who) > MAX_WHO:
+        raise ApiError(400, "bad_request", f"who must be a string of 1 to {MAX_WHO} characters")
+    return reason.strip(), who.strip()
