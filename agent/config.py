@@ -14,6 +14,7 @@ import msgspec
 
 from metalguard.agent.bmc.targets import BmcTarget
 from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
+from metalguard.proto.addresses import AddressError, parse_listen
 from metalguard.proto.base import Token
 from metalguard.proto.documents import DocumentError, load_document
 from metalguard.proto.topology import NodeTopology
@@ -135,6 +136,26 @@ class WorkloadSection(_Section, frozen=True):
     """What a ``python``/``python3`` command runs (default: the agent's interpreter)."""
 
 
+ListenAddress = Annotated[
+    str, msgspec.Meta(pattern=r"^$|^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+):[0-9]{1,5}$")
+]
+"""``host:port`` (``[v6]:port``), or empty."""
+
+
+class MetricsSection(_Section, frozen=True):
+    """``[metrics]``: the agent's own Prometheus endpoint (docs/agent.md "Metrics")."""
+
+    listen: ListenAddress = ""
+    """``host:port`` serving ``GET /metrics`` (e.g. ``127.0.0.1:9464``); empty: off."""
+
+    def __post_init__(self) -> None:
+        if self.listen:
+            try:
+                parse_listen(self.listen)  # the port's range, the host's form
+            except AddressError as exc:
+                raise ValueError(f"listen: {exc}") from None
+
+
 class AgentConfig(_Section, frozen=True):
     """The whole agent configuration."""
 
@@ -148,6 +169,7 @@ class AgentConfig(_Section, frozen=True):
     bmc_proxy: BmcProxySection = BmcProxySection()
     events: EventsSection = EventsSection()
     workload: WorkloadSection = WorkloadSection()
+    metrics: MetricsSection = MetricsSection()
 
 
 def parse_config(text: str, source: str = "<config>") -> AgentConfig:

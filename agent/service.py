@@ -26,6 +26,7 @@ from metalguard.agent.batch import build_batch
 from metalguard.agent.collection import Collection, UnknownCollectorError, resolve_enabled
 from metalguard.agent.config import AgentConfig, ConfigError, load_config
 from metalguard.agent.events import detect_events
+from metalguard.agent.metrics import MetricsServer
 from metalguard.agent.publisher import Publisher, publisher_settings
 from metalguard.agent.sdnotify import notify, watchdog_interval_s
 from metalguard.agent.seqstore import SeqStore
@@ -135,10 +136,24 @@ class AgentService:
         asyncio.get_running_loop().create_task(old_collection.close())
         log.info("config reloaded from %s", self._config_path)
 
+    async def _start_metrics(self) -> MetricsServer | None:
+        """``[metrics] listen``: serve GET /metrics (a bind failure is logged, not fatal)."""
+        listen = self.config.metrics.listen
+        if not listen:
+            return None
+        server = MetricsServer(listen, self._publisher.stats)
+        try:
+            await server.start()
+        except OSError as exc:
+            log.error("metrics: cannot listen on %s: %s", listen, exc)
+            return None
+        return server
+
     # --- main loop --------------------------------------------------------------------
     async def run(self) -> int:
         """Run until stopped; return the exit status."""
         await self._publisher.start()
+        metrics = await self._start_metrics()
         sources = self._start_event_sources()
         sources += self._start_qos()
         sources += await self._start_workload()
@@ -187,6 +202,8 @@ class AgentService:
                     await asyncio.wait_for(self._wake.wait(), self.collection.tick_s)
         finally:
             notify("STOPPING=1", self._env)
+            if metrics is not None:
+                await metrics.stop()
             if dog is not None:
                 dog.cancel()
                 await asyncio.gather(dog, return_exceptions=True)

@@ -21,6 +21,7 @@ from metalguard.controller.core.scoring.config import (
 )
 from metalguard.controller.core.topology import TopologySection
 from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
+from metalguard.proto.addresses import AddressError, parse_listen
 from metalguard.proto.base import Token
 from metalguard.proto.documents import DocumentError, load_document
 
@@ -54,6 +55,12 @@ class HttpSection(_Section, frozen=True):
     """The certificate's private key (PEM)."""
     tls_client_ca: str = ""
     """Require client certificates signed by this CA (PEM); empty: none asked for."""
+
+    def __post_init__(self) -> None:
+        try:
+            parse_listen(self.listen)
+        except AddressError as exc:
+            raise ValueError(f"listen: {exc}") from None
 
 
 class HaSection(_Section, frozen=True):

@@ -41,6 +41,7 @@ from metalguard.controller.core.decide import (
 from metalguard.controller.core.handles import ClusterKey
 from metalguard.controller.core.lifecycle import LifecycleConfig, OperatorAction
 from metalguard.controller.core.out_of_band import BmcWord, with_bmc
+from metalguard.controller.core.receiving import STALL_GAP_S, Intake, heard, stalled
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringConfig
 from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, ScoringMemo, assess
 from metalguard.controller.core.topology import TopologyView
@@ -121,6 +122,10 @@ class RegionController:
         self._in_flight: set[str] = set()
         """Event ids a round is publishing itself: the outbox flush leaves them to it (else a
         core subscriber could see one event twice; the control stream drops the copy anyway)."""
+        self._intake = Intake()
+        """Evidence of this process's own intake (docs/lifecycle.md, "Receiving time"):
+        silence is judged over receiving time only."""
+        self._gap_logged: float | None = None
         self._silence_task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self.topology = topology or TopologyView()
@@ -227,6 +232,33 @@ class RegionController:
             return Outcome() if item is None else self._decide(item, received_ts)
 
         await self._round(event.node, round_, received_ts)
+
+    def on_intake(self, pending: int | None) -> None:
+        """Ingest's word that its intake is live now (a fetch brought messages, or the
+        broker answered a consumer probe), with the telemetry consumer's count of messages
+        still pending (None: not known). See :mod:`controller.core.receiving`."""
+        ts = self._clock()
+        before = self._intake
+        after = self._intake = heard(before, ts, pending)
+        if after.stalled_since is not None and before.stalled_since is None:
+            log.warning(
+                "intake back after %.1f s stalled; silence is judged again once the "
+                "backlog is in (%s pending)",
+                ts - after.stalled_since,
+                "?" if pending is None else pending,
+            )
+        elif after.stalls and after.stalls[-1:] != before.stalls[-1:]:
+            start, end = after.stalls[-1]
+            log.warning(
+                "intake live again: %.1f s stalled (backlog included), not counted as any "
+                "node's silence",
+                end - start,
+            )
+
+    @property
+    def intake(self) -> Intake:
+        """What this process knows of its own intake: stalls, backlog (read-only)."""
+        return self._intake
 
     def recent_signals(self, handle: str) -> NodeSignals | None:
         """A node's scoring history: counter samples behind its rates (for the API)."""
@@ -405,6 +437,8 @@ class RegionController:
             }
         fresh = {h: w for h, w in self._bmc.items() if h in records and w.fresh(now)}
         power = {h: on for h, w in fresh.items() if (on := w.power_on) is not None}
+        stalls = stalled(self._intake, now)
+        self._log_gap(now)
         return decide_silence(
             records,
             now,
@@ -412,7 +446,21 @@ class RegionController:
             watching_since=self._started_ts,
             bmc_power_on=power,
             bmc_health={h: w.health for h, w in fresh.items() if w.health},
+            stalls=stalls,
         )
+
+    def _log_gap(self, now: float) -> None:
+        """Say once per gap that the intake has gone quiet (no silence judged over it)."""
+        last = self._intake.heard_ts
+        if last is None or self._intake.catching_up or self._gap_logged == last:
+            return
+        if now - last > STALL_GAP_S:
+            self._gap_logged = last
+            log.warning(
+                "no intake for %.1f s (broker or connection stalled?): that time does not "
+                "count as any node's silence",
+                now - last,
+            )
 
     def _lock(self, key: ClusterKey) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())

@@ -35,7 +35,7 @@ from metalguard.controller.core.scoring.config import ScoringConfig
 from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.federation.jobs import FederatedJobs
 from metalguard.controller.federation.service import Federation
-from metalguard.controller.federation.view import job_counts
+from metalguard.controller.federation.view import busy_nodes, job_counts
 from metalguard.controller.ingest.consumer import Ingest, IngestSettings
 from metalguard.controller.ingest.settings import tune_gc
 from metalguard.controller.jobs.manager import JobManager
@@ -238,6 +238,7 @@ async def _serve(
             interval_s=cfg.federation.interval_s,
             controller=instance,
             jobs=lambda: job_counts(jobs.jobs),
+            busy=lambda: busy_nodes(jobs.jobs),
             leading=leadership.leading,
             latency_ms=cfg.federation.latency_ms,
         )

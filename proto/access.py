@@ -10,6 +10,7 @@ from typing import Annotated, Any, Protocol
 
 import msgspec
 
+from metalguard.proto.addresses import AddressError, check_nats_servers
 from metalguard.proto.base import Token
 
 Seconds = Annotated[float, msgspec.Meta(ge=0.05)]
@@ -24,6 +25,8 @@ class NatsAccess(ConfigSection, frozen=True):
     """``[nats]``: servers, subject prefix, credentials, TLS, timeouts."""
 
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    """``host[:port]`` or ``nats://``, ``tls://``, ``ws://``, ``wss://`` URLs (port 4222
+    by default), checked at load (:func:`metalguard.proto.addresses.check_nats_servers`)."""
     prefix: Token = "mg"
     credentials: str = ""
     """A NATS .creds file (JWT + nkey seed): this process's own user."""
@@ -40,6 +43,12 @@ class NatsAccess(ConfigSection, frozen=True):
     """One connection attempt."""
     publish_timeout_s: Seconds = 5.0
     """How long to wait for a JetStream acknowledgement."""
+
+    def __post_init__(self) -> None:
+        try:
+            check_nats_servers(self.servers)
+        except AddressError as exc:
+            raise ValueError(f"servers{'' if str(exc).startswith('[') else ': '}{exc}") from None
 
 
 def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:

@@ -6,6 +6,8 @@ type and a newer major schema version are named as such.
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar, overload
 
@@ -140,10 +142,20 @@ def _explain(
         return CodecError(f"message has no {TAG_FIELD!r} field: {detail}")
     if tag_name not in TAGS:
         return CodecError(f"unknown message type {tag!r}", message_type=tag_name, version=None)
-    if expected is not None and TAGS[tag_name] is not expected:
-        want = expected.__struct_config__.tag
-        return CodecError(f"expected a {want!r} message, got {tag_name!r}", message_type=tag_name)
+    wanted = _members(expected)
+    if wanted and TAGS[tag_name] not in wanted:
+        want = " or ".join(repr(m.__struct_config__.tag) for m in wanted)
+        return CodecError(f"expected a {want} message, got {tag_name!r}", message_type=tag_name)
     return CodecError(f"invalid {tag_name!r} message: {detail}", message_type=tag_name)
+
+
+def _members(expected: Any) -> tuple[Any, ...]:
+    """The message types ``expected`` allows: itself, or a union's members (none: any)."""
+    if expected is None:
+        return ()
+    union = typing.get_origin(expected) in (typing.Union, types.UnionType)
+    members = typing.get_args(expected) if union else ()
+    return tuple(m for m in members if hasattr(m, "__struct_config__")) or (expected,)
 
 
 class SectionReuse(Generic[M]):

@@ -20,8 +20,8 @@ import msgspec
 T = TypeVar("T")
 
 _PATH_RE = re.compile(r" - at `\$\.?(.*)`$")
-_UNKNOWN_RE = re.compile(r"Object contains unknown field `([^`]+)`")
-_MISSING_RE = re.compile(r"Object missing required field `([^`]+)`")
+_UNKNOWN_RE = re.compile(r"Object contains unknown field `(.*)`\Z", re.DOTALL)
+_MISSING_RE = re.compile(r"Object missing required field `(.*)`\Z", re.DOTALL)
 
 
 class DocumentError(ValueError):
@@ -35,7 +35,7 @@ def describe_validation_error(message: str) -> str:
     key = match.group(1) if match else ""
     problem = message[: match.start()] if match else message
     where = f"{key}." if key else ""
-    if unknown := _UNKNOWN_RE.match(problem):
+    if unknown := _UNKNOWN_RE.match(problem):  # the whole name, backticks and all
         return f"{where}{unknown.group(1)}: unknown key"
     if missing := _MISSING_RE.match(problem):
         return f"{where}{missing.group(1)}: missing (required)"
@@ -48,6 +48,10 @@ def parse_toml(text: str, source: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DocumentError(f"{source}: not valid TOML: {exc}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise DocumentError(f"{source}: not valid TOML: a number too long: {exc}") from None
+    except RecursionError:
+        raise DocumentError(f"{source}: not valid TOML: nested too deeply") from None
 
 
 def convert(raw: Any, type_: type[T], source: str) -> T:
@@ -56,13 +60,15 @@ def convert(raw: Any, type_: type[T], source: str) -> T:
         return msgspec.convert(raw, type_)
     except msgspec.ValidationError as exc:
         raise DocumentError(f"{source}: {describe_validation_error(str(exc))}") from None
+    except RecursionError:
+        raise DocumentError(f"{source}: nested too deeply") from None
 
 
 def read_text(path: Path) -> str:
     """A document file's text; DocumentError naming the file when unreadable."""
     try:
         return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL in the path
         raise DocumentError(f"{path}: cannot read: {exc}") from None
 
 

@@ -17,6 +17,12 @@ class GpuCapacity(Record, frozen=True):
     """HEALTHY and not cordoned: where new work may go."""
     gpus: NonNegInt
     healthy_gpus: NonNegInt
+    free_nodes: NonNegInt | None = None
+    """Healthy nodes that no unfinished job holds: where a new gang may go now (None: a
+    region that does not tell; its ``healthy_nodes`` stand in)."""
+    free_in: dict[str, NonNegInt] = {}
+    """The most free nodes within one ``rack``, one ``cluster`` and one ``zone`` (the
+    levels of a job's ``max_spread``); empty: a region that does not tell."""
 
 
 class RegionSummary(Message, frozen=True, tag="region_summary"):

@@ -113,6 +113,8 @@ class JobMove(Record, frozen=True):
     target: MoveTarget = "place"
     """After stopping: place again (``place``), back to the queue (``queue``: preemption),
     or end the job (``failed``, ``cancelled``)."""
+    not_before_ts: float = 0.0
+    """No start is sent before this time (the backoff after a refused start; 0: none)."""
 
 
 class JobStatus(Message, frozen=True, tag="job_status"):

@@ -187,13 +187,17 @@ def decode_profile(data: bytes | str, fmt: Literal["toml", "json"]) -> QosProfil
     if fmt == "toml":
         try:
             raw = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: a too-long number
             raise ProfileError([f"not valid TOML: {exc}"]) from None
+        except RecursionError:
+            raise ProfileError(["not valid TOML: nested too deeply"]) from None
     elif fmt == "json":
         try:
             raw = msgspec.json.decode(text)
         except msgspec.DecodeError as exc:
             raise ProfileError([f"not valid JSON: {exc}"]) from None
+        except RecursionError:
+            raise ProfileError(["not valid JSON: nested too deeply"]) from None
     else:
         raise ProfileError([f"unknown profile format {fmt!r}"])
     return profile_from_builtins(raw)
@@ -223,10 +227,17 @@ def _int_keys(raw: dict[str, Any]) -> dict[str, Any]:
     dmap = raw.get("dscp_map")
     if not isinstance(dmap, dict):
         return raw
-    fixed = {
-        (int(k) if isinstance(k, str) and k.strip().isdigit() else k): v for k, v in dmap.items()
-    }
+    fixed = {(int(k) if _decimal_key(k) else k): v for k, v in dmap.items()}
     return {**raw, "dscp_map": fixed}
+
+
+def _decimal_key(key: object) -> bool:
+    """A key that is a short decimal number in ASCII digits (``int()`` refuses others:
+    ``"²"`` is a digit to ``str.isdigit``, and 5,000 digits exceed Python's limit)."""
+    if not isinstance(key, str):
+        return False
+    digits = key.strip()
+    return 0 < len(digits) <= 18 and digits.isascii() and digits.isdigit()
 
 
 def _type_problems(raw: dict[str, Any]) -> list[str]:

@@ -451,9 +451,9 @@ def _extended_message(data: Json | None) -> str:
 
 
 def base_url(target: BmcTarget) -> str:
-    """``https://host:port`` of a target (IPv6 hosts bracketed)."""
-    host, port = target.host_port(DEFAULT_PORT)
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    """``https://host:port`` of a target (IPv6 hosts bracketed); ``http://host:port``
+    when its address is an ``http://`` URL (plain HTTP, no TLS)."""
+    return target.endpoint(DEFAULT_PORT).url
 
 
 def client_for(target: BmcTarget, *, cafile: str | None = None) -> RedfishClient:

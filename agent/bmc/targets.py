@@ -14,6 +14,7 @@ from typing import Annotated, Final, Literal, Protocol
 import msgspec
 
 from metalguard.proto.access import ConfigSection
+from metalguard.proto.addresses import AddressError, Endpoint, parse_bmc_address
 from metalguard.proto.telemetry import BmcReading
 
 Protocol_ = Literal["snmp", "redfish", "ipmi"]
@@ -25,7 +26,10 @@ class BmcTarget(ConfigSection, frozen=True):
     node: str
     """The node this BMC belongs to, ``REGION.CLUSTER.NODE``."""
     address: str
-    """``host:port`` (port optional: 161 for snmp, 443 for redfish, 623 for ipmi)."""
+    """``host`` or ``host:port`` (port optional: 161 for snmp, 443 for redfish, 623 for
+    ipmi; ``[v6]:port`` for IPv6); redfish also ``https://host[:port]`` (the same as no
+    scheme) and ``http://host[:port]`` (plain HTTP, port 80 by default: labs and
+    emulators). Anything else is refused when the config is loaded."""
     protocol: Protocol_
     profile: str = ""
     """SNMP OID map name (e.g. ``entity-sensor``); unused by the other protocols."""
@@ -42,6 +46,10 @@ class BmcTarget(ConfigSection, frozen=True):
         self.region_cluster_node()
         if not self.address.strip():
             raise ValueError("address: empty")
+        try:
+            parse_bmc_address(self.address, self.protocol, 1)
+        except AddressError as exc:
+            raise ValueError(f"address: {exc}") from None
         if self.protocol == "snmp":
             from metalguard.agent.bmc.snmp_profiles import PROFILES
 
@@ -59,12 +67,16 @@ class BmcTarget(ConfigSection, frozen=True):
             raise ValueError(f"node: {self.node!r} is not REGION.CLUSTER.NODE")
         return parts[0], parts[1], parts[2]
 
+    def endpoint(self, default_port: int) -> Endpoint:
+        """The parsed address: scheme (``https``/``http`` for redfish, ``""`` for the
+        others), host (IPv6 without brackets) and port (``default_port`` when none is
+        given; 80 for ``http://``)."""
+        return parse_bmc_address(self.address, self.protocol, default_port)
+
     def host_port(self, default_port: int) -> tuple[str, int]:
         """The address as (host, port), ``default_port`` when none is given."""
-        host, sep, port = self.address.rpartition(":")
-        if not sep or not port.isdigit() or host.endswith(":"):  # bare host or IPv6
-            return self.address.strip("[]"), default_port
-        return host.strip("[]"), int(port)
+        endpoint = self.endpoint(default_port)
+        return endpoint.host, endpoint.port
 
 
 class BmcReader(Protocol):

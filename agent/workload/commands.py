@@ -153,8 +153,9 @@ class CommandHandler:
                     return await self._stop(cmd)
                 case _:
                     return self._status(cmd)
-        except BadArgsError as exc:
-            return self._reply(cmd, False, CommandStatus.REJECTED, str(exc))
+        except BadArgsError as exc:  # sent again, the same args are refused again
+            bad: Result = {"cause": "bad_args", "permanent": True}
+            return self._reply(cmd, False, CommandStatus.REJECTED, str(exc), bad)
         except RunnerError as exc:
             result: Result = {k: _scalar(v) for k, v in exc.result.items()}
             return self._reply(cmd, False, exc.status, str(exc), result)

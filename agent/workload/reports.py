@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import re
 import signal
 from dataclasses import dataclass
@@ -12,6 +13,33 @@ from metalguard.proto.events import NodeEvent
 SOURCE = "workload"
 _DIGEST = re.compile(r"^digest=([0-9A-Za-z]+)\s*$", re.MULTILINE)
 _FIRST_NUMBER = re.compile(r"(\d+)")
+
+
+PERMANENT_ERRNOS: frozenset[int] = frozenset(
+    {
+        errno.ENOENT,  # no such file (the command, or the working directory)
+        errno.ENOTDIR,
+        errno.EACCES,  # permission denied (not executable, a directory)
+        errno.EPERM,
+        errno.ENOEXEC,  # exec format error (no #! line)
+        errno.EISDIR,
+        errno.ELOOP,
+        errno.ENAMETOOLONG,
+    }
+)
+"""Why a start will fail again however often it is tried (``permanent`` in the reply)."""
+
+
+def refusal(exc: OSError) -> dict[str, AttrValue]:
+    """The machine-readable cause of a refused start, next to its message (the start
+    reply's ``result``: ``cause`` the errno name, ``errno``, ``permanent``)."""
+    code = exc.errno
+    name = errno.errorcode.get(code, "") if code is not None else ""
+    return {
+        "cause": name or type(exc).__name__,
+        "errno": code,
+        "permanent": code in PERMANENT_ERRNOS,
+    }
 
 
 @dataclass(frozen=True, slots=True)

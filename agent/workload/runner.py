@@ -30,6 +30,7 @@ from metalguard.agent.workload.reports import (
     exit_info,
     exited_event,
     job_event,
+    refusal,
     step_from_name,
 )
 from metalguard.proto.base import NodeIdentity
@@ -174,7 +175,11 @@ class Runner:
         try:
             out = await asyncio.to_thread(_prepare, directory, ckpt_dir, member.log_path)
         except OSError as exc:
-            raise RunnerError(f"cannot prepare {directory}: {exc}", "failed") from None
+            log.debug("job %s rank %d: cannot prepare %s: %s", spec.job_id, spec.rank,
+                      directory, exc)  # fmt: skip
+            raise RunnerError(
+                f"cannot prepare {directory}: {exc}", "failed", **refusal(exc)
+            ) from None
         member.log_offset = out.seek(0, os.SEEK_END)
         command = spec.command
         if command in ("python", "python3"):
@@ -191,8 +196,10 @@ class Runner:
                 start_new_session=True,
                 preexec_fn=_die_with_agent,
             )
-        except OSError as exc:
-            raise RunnerError(f"cannot run {command!r}: {exc}", "failed") from None
+        except OSError as exc:  # the controller logs it, once per generation
+            log.debug("job %s rank %d generation %d: cannot run %r: %s", spec.job_id,
+                      spec.rank, spec.generation, command, exc)  # fmt: skip
+            raise RunnerError(f"cannot run {command!r}: {exc}", "failed", **refusal(exc)) from None
         finally:
             out.close()
         member.pid = member.proc.pid

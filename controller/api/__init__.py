@@ -4,6 +4,7 @@ Route prefix                      Module
 --------------------------------  -----------------------------------------------------
 ``/healthz``                      app.py        (make_app: middlewares, the route table)
 ``/metrics``                      metrics.py    (ingest's registry, the grade counts)
+``/v1/openapi.json``              openapi.py    (the OpenAPI 3.1 document; shapes.py: bodies)
 ``/v1/nodes``, ``/v1/nodes/{n}``  nodes.py      (list, one node, cordon/uncordon/maintenance)
 ``/v1/nodes/by-uuid/{uuid}``      fleet.py      (a node of any region, by UUID)
 ``/v1/fleet``                     fleet.py      (every region's summary; federation)

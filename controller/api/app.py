@@ -23,6 +23,7 @@ from metalguard.controller.api.jobs import JobsView, add_jobs_routes
 from metalguard.controller.api.leader import LEADER
 from metalguard.controller.api.metrics import add_metrics_route
 from metalguard.controller.api.nodes import ControllerView, add_node_routes
+from metalguard.controller.api.openapi import add_openapi_route
 from metalguard.controller.api.qos import add_qos_routes
 from metalguard.controller.api.sse import EventSource
 from metalguard.controller.qos import QosStore
@@ -50,6 +51,7 @@ def make_app(
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
     app[TOKENS] = Tokens(read_tokens, admin_tokens)
     app.router.add_get("/healthz", healthz)
+    add_openapi_route(app)  # GET /v1/openapi.json: the routes this app serves
     add_metrics_route(app, view, registry)
     add_node_routes(app, view)
     add_event_routes(

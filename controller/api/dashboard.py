@@ -1,7 +1,8 @@
 """The fleet dashboard's routes (docs/dashboard.md): static files, no build step.
 
 ``/`` and ``/ui`` redirect to ``/ui/``, which serves ``controller/api/static/index.html``;
-``/ui/static/<file>`` serves the other files of that folder (shipped in the wheel).  The
+``/ui/static/<file>`` serves the other files of that folder (shipped in the wheel; any
+other name is a JSON 404 like every error of the API).  The
 pages carry no data: the browser reads the API (``/v1/...``) with the operator's token,
 so these routes are open even when tokens are configured.
 """
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Final
 
 from aiohttp import web
+
+from metalguard.controller.api.errors import ApiError
 
 DASHBOARD_DIR: Final = Path(__file__).parent / "static"
 UI_PATH: Final = "/ui/"
@@ -34,7 +37,7 @@ def add_dashboard_routes(app: web.Application, root: Path = DASHBOARD_DIR) -> No
     app.router.add_get("/", _to_ui)
     app.router.add_get("/ui", _to_ui)
     app.router.add_get(UI_PATH, _index_handler(root / "index.html"))
-    app.router.add_static(STATIC_PATH, root, follow_symlinks=False, append_version=False)
+    app.router.add_get(f"{STATIC_PATH}/{{filename}}", _static_handler(root))
     app.on_response_prepare.append(_dashboard_headers)
 
 
@@ -48,6 +51,21 @@ def _index_handler(index: Path) -> Callable[[web.Request], Awaitable[web.StreamR
         return web.FileResponse(index)
 
     return index_page
+
+
+def _static_handler(root: Path) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    files = {p.name: p for p in root.iterdir() if p.is_file() and not p.is_symlink()}
+
+    async def static_file(request: web.Request) -> web.StreamResponse:
+        """One file of the folder (listed at start: nothing outside it, no links); a
+        JSON 404 for any other name."""
+        name = request.match_info["filename"]
+        path = files.get(name)
+        if path is None or not path.is_file():
+            raise ApiError(404, "not_found", f"no dashboard file {name!r}")
+        return web.FileResponse(path)
+
+    return static_file
 
 
 async def _dashboard_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -5,6 +5,7 @@ Events stream of ControllerEvents, through controller/api/sse.py) and ``GET
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Final
 
@@ -26,6 +27,7 @@ EVENT_FILTERS: Final = ("kind", "node")
 EVENT_QUERY: Final = (*EVENT_FILTERS, "since")
 HISTORY_QUERY: Final = (*EVENT_QUERY, "after", "limit")
 HISTORY_LIMIT_MAX: Final = 10_000
+LIMIT: Final = re.compile(r"^[0-9]{1,6}$", re.ASCII)
 
 HUB: Final = web.AppKey("hub", SseHub)
 CLOCK: Final = web.AppKey[Callable[[], float]]("clock")
@@ -73,7 +75,7 @@ async def event_history(request: web.Request) -> web.Response:
     query = query_params(request, HISTORY_QUERY)
     limit_text = query.pop("limit", "1000")
     after, since = query.pop("after", ""), query.pop("since", "1h")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= HISTORY_LIMIT_MAX:
+    if not LIMIT.match(limit_text) or not 1 <= int(limit_text) <= HISTORY_LIMIT_MAX:
         raise ApiError(400, "bad_request", f"limit: {limit_text!r} is not 1-{HISTORY_LIMIT_MAX}")
     try:
         start = parse_last_event_id(after) if after else parse_since(since, request.app[CLOCK]())

@@ -14,10 +14,12 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final, Protocol, TypeGuard, get_args
 
+import msgspec
 from aiohttp import web
 
 from metalguard.controller.api.auth import check_admin, check_read
 from metalguard.controller.api.errors import ApiError, reject_unknown_query
+from metalguard.controller.api.shapes import JobSummary
 from metalguard.controller.jobs.spec import JobRejectedError, NotLeaderError
 from metalguard.controller.jobs.store import JobExistsError
 from metalguard.proto.codec import to_builtins
@@ -127,22 +129,23 @@ async def cancel(request: web.Request) -> web.Response:
 
 
 def summary(s: JobStatus) -> dict[str, Any]:
-    """A job's line in ``GET /v1/jobs``."""
+    """A job's line in ``GET /v1/jobs`` (a :class:`~shapes.JobSummary`)."""
     job = s.job
-    return {
-        "id": s.job_id,
-        "name": job.name if job else "",
-        "tenant": job.tenant if job else "",
-        "priority": job.priority if job else 0,
-        "nodes": job.nodes if job else 0,
-        "state": s.state,
-        "placement": list(s.placement),
-        "restarts": s.restarts,
-        "step": max((m.step for m in s.members), default=None),
-        "last_checkpoint_step": s.last_checkpoint.step if s.last_checkpoint else None,
-        "reason": s.reason,
-        "updated_ts": s.updated_ts,
-    }
+    line = JobSummary(
+        id=s.job_id,
+        name=job.name if job else "",
+        tenant=job.tenant if job else "",
+        priority=job.priority if job else 0,
+        nodes=job.nodes if job else 0,
+        state=s.state,
+        placement=list(s.placement),
+        restarts=s.restarts,
+        step=max((m.step for m in s.members), default=None),
+        last_checkpoint_step=s.last_checkpoint.step if s.last_checkpoint else None,
+        reason=s.reason,
+        updated_ts=s.updated_ts,
+    )
+    return dict(msgspec.to_builtins(line))
 
 
 def detail(s: JobStatus) -> dict[str, Any]:
@@ -187,6 +190,8 @@ def _body(content_type: str, data: bytes) -> Any:
             return json.loads(data)
     except (DocumentError, UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, "bad_request", f"cannot read the body: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "bad_request", "cannot read the body: nested too deeply") from None
     raise ApiError(
         415, "unsupported_media_type", "send the job as application/json or application/toml"
     )

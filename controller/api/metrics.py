@@ -1,5 +1,7 @@
 """``GET /metrics``: the Prometheus exposition of the controller's registries (ingest's
-metrics, docs/ingest.md) and of :class:`GradeCollector`, the node counts read at scrape."""
+metrics, docs/ingest.md), of :class:`GradeCollector`, the node counts read at scrape, and
+of the event-loop lag (``metalguard_event_loop_lag_seconds`` ..., a monitor started with
+the app: :mod:`metalguard.runtime.looplag`)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ from prometheus_client.registry import Collector
 
 from metalguard.controller.api.nodes import ControllerView
 from metalguard.proto.nodes import GRADES
+from metalguard.runtime.looplag import LoopLagCollector, LoopLagMonitor
+from metalguard.runtime.tasks import TaskCountCollector
 
 REGISTRIES: Final = web.AppKey("registries", tuple[CollectorRegistry, ...])
+LOOP_LAG: Final = web.AppKey("loop_lag", LoopLagMonitor)
 
 
 def add_metrics_route(
@@ -23,8 +28,22 @@ def add_metrics_route(
     """Register ``GET /metrics``: ``registry`` (when given), then the grade counts."""
     grades = CollectorRegistry()
     grades.register(GradeCollector(view))
+    lag = LoopLagMonitor(name="controller event loop")
+    grades.register(LoopLagCollector(lag))
+    grades.register(TaskCountCollector())
+    app[LOOP_LAG] = lag
+    app.on_startup.append(_start_lag)
+    app.on_cleanup.append(_stop_lag)
     app[REGISTRIES] = (grades,) if registry is None else (registry, grades)
     app.router.add_get("/metrics", metrics)
+
+
+async def _start_lag(app: web.Application) -> None:
+    app[LOOP_LAG].start()
+
+
+async def _stop_lag(app: web.Application) -> None:
+    app[LOOP_LAG].stop()
 
 
 async def metrics(request: web.Request) -> web.Response:

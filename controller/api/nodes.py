@@ -12,11 +12,13 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final, Protocol, cast, get_args
 
+import msgspec
 from aiohttp import web
 
 from metalguard.controller.api.auth import check_admin, check_read
 from metalguard.controller.api.errors import ApiError, query_params
 from metalguard.controller.api.leader import leader_elsewhere
+from metalguard.controller.api.shapes import MAX_REASON, MAX_WHO, NodeSummary
 from metalguard.controller.core.lifecycle import OperatorAction
 from metalguard.controller.core.scoring.signals import NodeSignals
 from metalguard.proto.codec import to_builtins
@@ -24,8 +26,6 @@ from metalguard.proto.events import ControllerEvent
 from metalguard.proto.nodes import GRADES, NodeRecord
 
 ACTIONS: Final = get_args(OperatorAction)
-MAX_REASON: Final = 500
-MAX_WHO: Final = 64
 LIST_FILTERS: Final = ("grade", "region", "cluster", "rack")
 
 
@@ -127,21 +127,22 @@ async def act(request: web.Request) -> web.Response:
 
 
 def summary(handle: str, r: NodeRecord) -> dict[str, Any]:
-    """A node's line in ``GET /v1/nodes``."""
-    return {
-        "handle": handle,
-        "region": r.node.region,
-        "cluster": r.node.cluster,
-        "node": r.node.node,
-        "rack": r.rack,
-        "grade": r.grade,
-        "score": r.score,
-        "cordoned": r.cordoned,
-        "maintenance": r.maintenance,
-        "held": r.held,
-        "last_seen_ts": r.last_seen_ts,
-        "reasons": [to_builtins(x) for x in r.reasons],
-    }
+    """A node's line in ``GET /v1/nodes`` (a :class:`~shapes.NodeSummary`)."""
+    line = NodeSummary(
+        handle=handle,
+        region=r.node.region,
+        cluster=r.node.cluster,
+        node=r.node.node,
+        rack=r.rack,
+        grade=r.grade,
+        score=r.score,
+        cordoned=r.cordoned,
+        maintenance=r.maintenance,
+        held=r.held,
+        last_seen_ts=r.last_seen_ts,
+        reasons=list(r.reasons),
+    )
+    return dict(msgspec.to_builtins(line))
 
 
 def lookup(records: Mapping[str, NodeRecord], name: str) -> tuple[str, NodeRecord]:

@@ -8,6 +8,7 @@ reason, a version not above the stored one 409; either way nothing is stored.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final, Literal
 
 from aiohttp import web
@@ -19,6 +20,8 @@ from metalguard.proto.codec import to_builtins
 from metalguard.proto.qos import ProfileError, QosProfile, decode_profile
 
 QOS_STORE: Final = web.AppKey("qos_store", QosStore)
+NAME: Final = re.compile(r"^[A-Za-z0-9_=-]{1,128}$", re.ASCII)
+"""A cluster or node name as it can stand in a KV key of ``<P>_QOS``."""
 FORMATS: Final[dict[str, Literal["toml", "json"]]] = {
     "application/toml": "toml",
     "text/toml": "toml",
@@ -115,9 +118,15 @@ def _entry(stored: StoredProfile) -> dict[str, Any]:
 
 
 def _name(request: web.Request, part: str) -> str:
+    """A cluster or node name that can be part of a KV key (letters, digits, ``-``, ``_``,
+    ``=``; at most 128), else ApiError 400."""
     name = request.match_info[part]
-    if not name or any(c in name for c in ". *>") or len(name) > 128:
-        raise ApiError(400, "bad_request", f"{part} {name!r} is not a valid name")
+    if not NAME.match(name):
+        raise ApiError(
+            400,
+            "bad_request",
+            f"{part} {name!r} is not a valid name (letters, digits, '-', '_', '='; at most 128)",
+        )
     return name
 
 

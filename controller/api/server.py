@@ -17,6 +17,7 @@ from metalguard.controller.api.nodes import ControllerView
 from metalguard.controller.api.sse import EventSource
 from metalguard.controller.config import ConfigError, HttpSection
 from metalguard.controller.qos import QosStore
+from metalguard.proto import addresses
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,14 @@ def https_context(cfg: HttpSection) -> ssl.SSLContext | None:
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port``; ConfigError naming ``http.listen`` otherwise."""
-    host, sep, port = listen.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"http.listen: expected host:port, got {listen!r}")
-    return host, int(port)
+    """``host:port`` or ``[v6]:port``; ConfigError naming ``http.listen`` otherwise
+    (:func:`metalguard.proto.addresses.parse_listen`)."""
+    try:
+        parsed = addresses.parse_listen(listen)
+    except addresses.AddressError as exc:
+        raise ConfigError(f"http.listen: {exc}") from None
+    assert parsed.port is not None  # a listen address always has one
+    return parsed.host, parsed.port
 
 
 async def start_api(

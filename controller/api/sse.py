@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -51,7 +52,11 @@ class StartAt:
 
 NEW_ONLY = StartAt()
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(s|m|h|d)$", re.ASCII)
+_SEQUENCE = re.compile(r"^[0-9]{1,20}$", re.ASCII)
+MAX_SEQ = 2**63 - 1
+"""The largest stream sequence taken (JetStream's are unsigned 64-bit; the next one is asked)."""
+MAX_TIME = dt.datetime(9999, 12, 31, tzinfo=dt.UTC).timestamp()
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -62,11 +67,14 @@ def parse_since(text: str, now: float) -> StartAt:
     if text == "all":
         return StartAt(everything=True)
     if m := _DURATION.match(text):
-        return StartAt(time=now - float(m.group(1)) * _UNIT_S[m.group(2)])
-    try:
-        return StartAt(time=float(text))
-    except ValueError:
-        pass
+        return _at(now - float(m.group(1)) * _UNIT_S[m.group(2)], text)
+    if text.isascii():  # Unix seconds (float() would also take other scripts' digits)
+        try:
+            seconds = float(text)
+        except ValueError:
+            pass
+        else:
+            return _at(seconds, text)
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -76,12 +84,21 @@ def parse_since(text: str, now: float) -> StartAt:
         ) from None
     if when.tzinfo is None:
         raise ValueError(f"since: {text!r} has no time zone (add Z or +00:00)")
-    return StartAt(time=when.timestamp())
+    return _at(when.timestamp(), text)
+
+
+def _at(ts: float, text: str) -> StartAt:
+    """A start at Unix time ``ts``: before the epoch is from the start; not finite or
+    past year 9999, ValueError."""
+    if not math.isfinite(ts) or ts > MAX_TIME:
+        raise ValueError(f"since: {text!r} is out of range")
+    return StartAt(time=max(ts, 0.0))
 
 
 def parse_last_event_id(text: str) -> StartAt:
     """The ``Last-Event-ID`` header: the stream sequence of the last event seen."""
-    if not text.strip().isdigit():
+    text = text.strip()
+    if not _SEQUENCE.match(text) or int(text) > MAX_SEQ:
         raise ValueError(f"Last-Event-ID: {text!r} is not a stream sequence number")
     return StartAt(after_seq=int(text))
 

@@ -8,7 +8,6 @@ Same options and exit statuses as the other operator commands (controller/cli/op
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +16,8 @@ from urllib.parse import quote
 
 from metalguard.controller.cli.console import CliError, guarded, print_json, table
 from metalguard.controller.cli.http import ApiClient, api_options
-from metalguard.proto.documents import DocumentError, parse_toml
+from metalguard.controller.jobs.spec import JobFileError, JobRejectedError, parse_job
+from metalguard.controller.jobs.spec import job_document as read_job_file
 
 SPREADS = ("rack", "cluster", "zone", "region")
 FLAG_FIELDS: dict[str, type] = {
@@ -106,18 +106,23 @@ def _read(path: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise CliError(f"cannot read {path}: {exc}", 2) from None
     try:
-        if path.endswith(".json"):
-            loaded = json.loads(text)
-            if not isinstance(loaded, dict):
-                raise CliError(f"{path}: expected a JSON object", 2)
-            return loaded
-        return parse_toml(text, path)
-    except (DocumentError, ValueError) as exc:
-        raise CliError(str(exc), 2) from None
+        return read_job_file(text, path)
+    except JobFileError as exc:
+        raise CliError(_lines(exc), 2) from None
+
+
+def _lines(exc: JobFileError) -> str:
+    """Each reason as ``file: key: problem``, one per line (each line ``metalguard: ``)."""
+    return "\nmetalguard: ".join(f"{exc.source}: {reason}" for reason in exc.reasons)
 
 
 def _submit(args: argparse.Namespace) -> int:
     doc = job_document(args)
+    if args.file:  # a bad file is refused here, naming the file, its keys and problems
+        try:
+            parse_job(doc, 0.0)
+        except JobRejectedError as exc:
+            raise CliError(_lines(JobFileError(args.file, exc.reasons)), 2) from None
     body = _api(args).post("/v1/jobs", doc)
     if args.format == "json":
         return print_json(body)

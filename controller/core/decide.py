@@ -29,6 +29,7 @@ from metalguard.controller.core.lifecycle import (
     to_event,
 )
 from metalguard.controller.core.rail import apply_rail
+from metalguard.controller.core.receiving import Span
 from metalguard.controller.core.scoring.engine import Assessment
 from metalguard.proto.base import NodeIdentity, Reason
 from metalguard.proto.events import ControllerEvent, NodeEvent
@@ -281,9 +282,12 @@ def decide_silence(
     watching_since: float | None = None,
     bmc_power_on: Mapping[str, bool] | None = None,
     bmc_health: Mapping[str, str] | None = None,
+    stalls: Sequence[Span] = (),
 ) -> Outcome:
     """Mark every silent in-service node UNREACHABLE, with its BMC's latest word on its
-    power and health (by handle) where there is one.
+    power and health (by handle) where there is one. Silence is receiving time only:
+    ``stalls`` (the controller's own stalled intake, :mod:`controller.core.receiving`)
+    do not count.
 
     The event id names the last batch taken in (``s<last seen ms>``): the same silence
     decided again after a restart has the same id.
@@ -299,6 +303,7 @@ def decide_silence(
             bmc_power_on=power.get(handle),
             bmc_health=health.get(handle, ""),
             watching_since=watching_since,
+            stalls=stalls,
         )
         if t.record != record:
             changed[handle] = t.record

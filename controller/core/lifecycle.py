@@ -9,6 +9,8 @@ it is kept.  The types live in :mod:`controller.lifecycle_model` and are re-expo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from msgspec.structs import replace
 
 from metalguard.controller.core.lifecycle_model import (
@@ -28,6 +30,7 @@ from metalguard.controller.core.lifecycle_model import (
     node_decision,
     to_event,
 )
+from metalguard.controller.core.receiving import Span, silence_s
 from metalguard.proto.base import Reason
 from metalguard.proto.nodes import Grade, NodeRecord
 
@@ -48,6 +51,7 @@ __all__ = [
     "observe",
     "operator",
     "recent_isolations",
+    "silence_limit_s",
     "to_event",
     "update_jobs",
 ]
@@ -213,6 +217,12 @@ def _isolate(base: NodeRecord, was: Grade, obs: Observation, cfg: LifecycleConfi
 # --- time and jobs --------------------------------------------------------------------
 
 
+def silence_limit_s(interval_s: float, cfg: LifecycleConfig) -> float:
+    """The silence that makes a node of batch interval ``interval_s`` UNREACHABLE:
+    ``unreachable_after_intervals`` of its intervals, at least ``unreachable_after_s``."""
+    return max(cfg.unreachable_after_intervals * interval_s, cfg.unreachable_after_s)
+
+
 def check_silence(
     record: NodeRecord,
     now: float,
@@ -221,26 +231,38 @@ def check_silence(
     bmc_power_on: bool | None = None,
     bmc_health: str = "",
     watching_since: float | None = None,
+    stalls: Sequence[Span] = (),
 ) -> Transition:
     """Mark a silent in-service node UNREACHABLE (not FAILING), with the BMC's word on it.
 
     Silence counts from the last batch taken in, or from ``watching_since`` (when the
     controller started) if later: a restarted controller gives every node its full
-    allowance before calling it silent (its batches may still be in the stream).
+    allowance before calling it silent (its batches may still be in the stream). Only
+    receiving time counts: ``stalls`` are the stretches in which the controller's own
+    intake was stalled (:mod:`controller.core.receiving`), left out of the silence.
     """
     if record.grade not in ("HEALTHY", "SUB_HEALTHY") or record.last_seen_ts is None:
         return Transition(record)
-    limit = cfg.unreachable_after_intervals * record.interval_s
-    silent = now - max(record.last_seen_ts, watching_since or record.last_seen_ts)
-    if record.interval_s <= 0 or silent < limit:
+    if record.interval_s <= 0:
         return Transition(record)
+    limit = silence_limit_s(record.interval_s, cfg)
+    since = max(record.last_seen_ts, watching_since or record.last_seen_ts)
+    silent = silence_s(since, now, stalls)
+    if silent < limit:
+        return Transition(record)
+    floor = limit > cfg.unreachable_after_intervals * record.interval_s
     intervals = f"{cfg.unreachable_after_intervals} intervals of {record.interval_s:g} s"
+    if floor:
+        intervals = f"at least {cfg.unreachable_after_s:g} s; {intervals}"
+    stalled_s = now - since - silent
+    if stalled_s >= 0.5:
+        intervals += f"; {stalled_s:.0f} s of the controller's own stalled intake not counted"
     reasons = [
         Reason(
             signal="telemetry.silence_s",
             value=silent,
             threshold=limit,
-            rule="unreachable_after_intervals",
+            rule="unreachable_after_s" if floor else "unreachable_after_intervals",
             message=f"no telemetry for {silent:.0f} s ({intervals})",
         )
     ]

@@ -46,6 +46,9 @@ class LifecycleConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     """N: consecutive clean assessments that take a node out of a bad grade."""
     unreachable_after_intervals: Annotated[int, msgspec.Meta(ge=1)] = 3
     """Silence, in the node's own batch intervals, that makes it UNREACHABLE."""
+    unreachable_after_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    """The floor of that silence, in seconds: a node of a short interval is not called
+    silent over a scheduler hiccup (the silence is the larger of the two)."""
     repeat_offender_count: Annotated[int, msgspec.Meta(ge=1)] = 3
     """K: the K-th automatic isolation within D days holds the node out."""
     repeat_offender_days: Annotated[float, msgspec.Meta(gt=0)] = 7.0

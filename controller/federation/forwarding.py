@@ -1,11 +1,17 @@
 """Which region a submitted job goes to (pure; docs/federation.md).
 
-A job stays in its home region when the home region could hold it (allowed, healthy
-capacity of its GPU type and count); else it is forwarded to the region that fits best
-among those it allows, that are not stale, and whose latency to the home region is
-within its ``max_latency_ms``: fewest queued jobs, then the lowest latency, then the
-name.  When none fits, it is queued at home with every region's reason, and never sent
-to a region beyond its latency bound.
+A job stays in its home region when the home region can hold it now (allowed, enough
+*free* nodes of its GPU type and count: healthy and held by no unfinished job, within one
+rack, cluster or zone when its ``max_spread`` asks for that); else it is forwarded to the
+region that fits best among those it allows, that are not stale, and whose latency to
+the home region is within its ``max_latency_ms``: fewest queued jobs, then the lowest
+latency, then the name.  When none fits, it is queued at home with every region's
+reason, and never sent to a region beyond its latency bound.
+
+A region whose summary does not tell its free nodes (an older controller) is judged by
+its healthy nodes, and without the per-level counts its ``max_spread`` is not checked.
+With several GPU types fitting a job that names none, the spread check takes the type
+with the fullest group (a rack holding two types is counted per type: conservative).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from metalguard.proto.federation import RegionSummary
+from metalguard.proto.federation import GpuCapacity, RegionSummary
 from metalguard.proto.jobs import Job
 
 
@@ -42,18 +48,53 @@ class RegionChoice:
     reason: str
 
 
-def healthy_fit(job: Job, summary: RegionSummary) -> bool:
-    """Whether the region's healthy capacity could hold the whole gang: ``job.nodes``
-    healthy nodes of the job's GPU type (any type when it names none) with at least
-    ``gpus_per_node`` GPUs each (a type's GPUs per node: its GPUs over its nodes)."""
-    healthy = 0
+def fitting_rows(job: Job, summary: RegionSummary) -> list[GpuCapacity]:
+    """The capacity rows whose nodes could run a member: the job's GPU type (any when it
+    names none) with at least ``gpus_per_node`` GPUs each (its GPUs over its nodes)."""
+    rows = []
     for row in summary.capacity:
         if job.gpu_type and row.gpu_type != job.gpu_type:
             continue
         per_node = row.gpus // row.nodes if row.nodes else 0
         if per_node >= job.gpus_per_node:
-            healthy += row.healthy_nodes
-    return healthy >= job.nodes
+            rows.append(row)
+    return rows
+
+
+def healthy_fit(job: Job, summary: RegionSummary) -> bool:
+    """Whether the region's healthy capacity could hold the whole gang: ``job.nodes``
+    healthy nodes of the fitting rows (:func:`fitting_rows`), busy or not."""
+    return sum(row.healthy_nodes for row in fitting_rows(job, summary)) >= job.nodes
+
+
+def free_nodes(row: GpuCapacity) -> int:
+    """A row's free nodes; its healthy ones when the region does not tell."""
+    return row.healthy_nodes if row.free_nodes is None else row.free_nodes
+
+
+def why_no_room(job: Job, summary: RegionSummary) -> str | None:
+    """Why the region cannot hold the gang now (None: it can): too few healthy nodes,
+    too few of them free, or too few free within one ``max_spread`` group."""
+    rows = fitting_rows(job, summary)
+    gpus = f" with >= {job.gpus_per_node} GPUs" if job.gpus_per_node else ""
+    kind = f" of type {job.gpu_type}" if job.gpu_type else ""
+    healthy = sum(row.healthy_nodes for row in rows)
+    if healthy < job.nodes:
+        return f"fewer than {job.nodes} healthy nodes{gpus}{kind}"
+    free = sum(free_nodes(row) for row in rows)
+    if free < job.nodes:
+        return f"{free} of {healthy} healthy nodes{gpus}{kind} free, {job.nodes} needed"
+    level = job.max_spread
+    if level != "region":
+        told = [row.free_in.get(level) for row in rows]
+        known = [n for n in told if n is not None]
+        if len(known) == len(told) and max(known, default=0) < job.nodes:
+            most = max(known, default=0)
+            return (
+                f"at most {most} free nodes{gpus}{kind} in one {level}, "
+                f"{job.nodes} needed (max_spread {level})"
+            )
+    return None
 
 
 def why_not(job: Job, home: str, offer: RegionOffer) -> str | None:
@@ -68,11 +109,7 @@ def why_not(job: Job, home: str, offer: RegionOffer) -> str | None:
             return f"latency unknown (max_latency_ms {job.max_latency_ms:g})"
         if offer.latency_ms > job.max_latency_ms:
             return f"latency {offer.latency_ms:g} ms > max_latency_ms {job.max_latency_ms:g}"
-    if not healthy_fit(job, offer.summary):
-        gpus = f" with >= {job.gpus_per_node} GPUs" if job.gpus_per_node else ""
-        kind = f" of type {job.gpu_type}" if job.gpu_type else ""
-        return f"fewer than {job.nodes} healthy nodes{gpus}{kind}"
-    return None
+    return why_no_room(job, offer.summary)
 
 
 def choose_region(job: Job, home: str, offers: Sequence[RegionOffer]) -> RegionChoice:

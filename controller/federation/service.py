@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -64,6 +64,8 @@ RecordsOf = Callable[[], Mapping[str, NodeRecord]]
 FleetOf = Callable[[], Iterable[FleetNode]]
 JobCounts = Callable[[], tuple[int, int]]
 """(queued, running) jobs of the region."""
+BusyNodes = Callable[[], Collection[str]]
+"""The node handles unfinished jobs of the region hold (``view.busy_nodes``)."""
 JobOf = Callable[[str], JobStatus | None]
 """This region's status of a job id (None: not here)."""
 Accept = Callable[[JobForward | JobCancel], Awaitable[JobForwardReply]]
@@ -85,6 +87,7 @@ class Federation:
         interval_s: float = 5.0,
         controller: str = "",
         jobs: JobCounts | None = None,
+        busy: BusyNodes | None = None,
         leading: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.time,
         latency_ms: Mapping[str, float] | None = None,
@@ -99,6 +102,7 @@ class Federation:
         self.interval_s = interval_s
         self._controller = controller
         self._jobs = jobs
+        self._busy = busy
         self._leading = leading
         self._clock = clock
         self.view = FleetView()
@@ -151,6 +155,7 @@ class Federation:
             controller=self._controller,
             queued_jobs=queued,
             running_jobs=running,
+            busy=self._busy() if self._busy is not None else frozenset(),
         )
 
     def fleet(self) -> list[dict[str, Any]]:

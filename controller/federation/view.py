@@ -10,20 +10,22 @@ side is controller/federation/service.py.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from metalguard.controller.jobs.scheduler import FleetNode
+from metalguard.controller.jobs.scheduler import FleetNode, Level
 from metalguard.proto.federation import GpuCapacity, NodeLookupReply, RegionSummary
-from metalguard.proto.jobs import JobStatus
+from metalguard.proto.jobs import TERMINAL_JOB_STATES, JobStatus
 from metalguard.proto.nodes import GRADES, NodeRecord
 
 STALE_INTERVALS = 3.0
 """A summary older than this many of its region's intervals is stale."""
+SPREAD_LEVELS: tuple[Level, ...] = ("rack", "cluster", "zone")
+"""The ``max_spread`` levels narrower than a region (``GpuCapacity.free_in``'s keys)."""
 
 
 def summarize(
@@ -36,20 +38,42 @@ def summarize(
     controller: str = "",
     queued_jobs: int = 0,
     running_jobs: int = 0,
+    busy: Collection[str] = frozenset(),
 ) -> RegionSummary:
-    """The region's summary: nodes per grade and GPU capacity per type (pure)."""
+    """The region's summary: nodes per grade and GPU capacity per type, with the free
+    nodes (healthy, not in ``busy``: the nodes unfinished jobs hold) in all and in the
+    fullest rack, cluster and zone (pure)."""
     grades = Counter(r.grade for r in records.values())
     by_type: dict[str, list[int]] = {}
+    groups: dict[str, list[Counter[tuple[str, ...]]]] = defaultdict(
+        lambda: [Counter() for _ in SPREAD_LEVELS]
+    )
     for node in fleet:
         healthy = node.grade == "HEALTHY" and not node.cordoned
-        row = by_type.setdefault(node.gpu_type, [0, 0, 0, 0])
+        free = healthy and node.handle not in busy
+        row = by_type.setdefault(node.gpu_type, [0, 0, 0, 0, 0])
         row[0] += 1
         row[1] += healthy
         row[2] += node.gpus
         row[3] += node.gpus if healthy else 0
+        row[4] += free
+        if free:
+            for counter, level in zip(groups[node.gpu_type], SPREAD_LEVELS, strict=True):
+                counter[node.group_key(level)] += 1
     capacity = tuple(
-        GpuCapacity(gpu_type=t, nodes=n, healthy_nodes=h, gpus=g, healthy_gpus=hg)
-        for t, (n, h, g, hg) in sorted(by_type.items())
+        GpuCapacity(
+            gpu_type=t,
+            nodes=n,
+            healthy_nodes=h,
+            gpus=g,
+            healthy_gpus=hg,
+            free_nodes=f,
+            free_in={
+                level: max(counter.values(), default=0)
+                for level, counter in zip(SPREAD_LEVELS, groups[t], strict=True)
+            },
+        )
+        for t, (n, h, g, hg, f) in sorted(by_type.items())
     )
     return RegionSummary(
         region=region,
@@ -116,6 +140,13 @@ class FleetView:
             msgspec.to_builtins(h.summary) | {"age_s": h.age_s, "stale": h.stale}
             for h in self.heard(now)
         ]
+
+
+def busy_nodes(jobs: Mapping[str, JobStatus]) -> frozenset[str]:
+    """The nodes unfinished jobs hold (their placements; pure)."""
+    return frozenset(
+        node for s in jobs.values() if s.state not in TERMINAL_JOB_STATES for node in s.placement
+    )
 
 
 def job_counts(jobs: Mapping[str, JobStatus]) -> tuple[int, int]:

@@ -8,6 +8,13 @@ worker calls the :class:`~controller.ingest_api.IngestHandler`, then acknowledge
 batch of a node with nothing queued goes to the handler's ``on_batch_now`` straight from
 the fetch loop when it has one (only what needs I/O is queued).  Messages that cannot be
 decoded are published to ``<p>.dlq.<stream>`` and acknowledged away.  See docs/ingest.md.
+
+Ingest also tells whether its intake is live (:attr:`Ingest.intake`, and the handler's
+optional ``on_intake(pending)``): after every telemetry fetch that brought messages,
+and every second from a probe of the telemetry consumer (``consumer_info``) that the
+broker answered, with the consumer's count of messages still pending. No word for a
+while is a stall of the broker or of the path to it; the controller judges silence over
+the time its intake was live only (controller/core/receiving.py, docs/lifecycle.md).
 """
 
 from __future__ import annotations
@@ -59,13 +66,38 @@ HDR_STREAM: Final = "Mg-Original-Stream"
 HDR_SEQ: Final = "Mg-Original-Seq"
 HDR_SENDER: Final = "Mg-Sender"
 HDR_REASON: Final = "Mg-Reason"
+HDR_SIZE: Final = "Mg-Original-Size"
+"""Set on a dead letter cut short to fit the server's max_payload: the original's size."""
 _MAX_REASON = 512
+_HEADER_ROOM = 1024
+"""Bytes kept free in a dead letter for its headers and the protocol's framing."""
+
+
+def dead_letter_payload(data: bytes, headers: dict[str, str], max_payload: int) -> bytes:
+    """``data`` as a dead letter can carry it: whole, or its head when the original and
+    the dead letter's headers together would exceed ``max_payload`` (the server closes a
+    connection that publishes more; the original would be nak'ed and redelivered forever).
+    A cut one gets ``HDR_SIZE`` in ``headers``."""
+    room = max_payload - _HEADER_ROOM - sum(len(k) + len(v) + 4 for k, v in headers.items())
+    if len(data) <= room:
+        return data
+    headers[HDR_SIZE] = str(len(data))
+    return data[: max(room, 0)]
+
+
 INLINE_YIELD_EVERY: Final = 64
 """Batches handled inline by the fetch loop between two yields to the event loop."""
 BatchNow = Callable[[TelemetryBatch, float], Callable[[], Awaitable[None]] | None]
 """``IngestHandler.on_batch_now`` (optional): see controller/ingest_api.py."""
 PARSED_SUBJECTS_KEPT: Final = 100_000
 """Parsed subjects remembered (two per node); the memo is emptied when it is full."""
+PROBE_EVERY_S: Final = 1.0
+"""How often the telemetry consumer is probed (``consumer_info``) for intake evidence."""
+PROBE_TIMEOUT_S: Final = 2.0
+"""How long one probe waits for the broker's answer."""
+IntakeReport = Callable[[int | None], None]
+"""``IngestHandler.on_intake`` (optional): evidence that the intake is live now, with the
+telemetry consumer's pending count (None: not known)."""
 REUSED_SECTIONS: Final = ("edac", "pcie", "smart", "bmc", "gpu", "net", "errors", "qos", "topology")
 """TelemetryBatch fields a node's next batch reuses when their bytes are unchanged: its
 counters and states (fan, temperature and collector timings change every batch)."""
@@ -79,11 +111,24 @@ __all__ = [
     "Ingest",
     "IngestSettings",
     "IngestStats",
+    "IntakeState",
     "StreamKind",
     "durable_name",
     "filter_subjects",
     "shard_of",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeState:
+    """The telemetry consumer's progress as ingest last saw it."""
+
+    progress_ts: float | None = None
+    """When a fetch last brought messages or the broker last answered a probe."""
+    pending: int | None = None
+    """Messages the consumer still had to deliver then (None: not yet known)."""
+    probe_ts: float | None = None
+    """When the broker last answered a probe."""
 
 
 @dataclass(slots=True)
@@ -161,6 +206,10 @@ class Ingest:
         self._started = False
         self._batch_now: BatchNow | None = getattr(handler, "on_batch_now", None)
         """The handler's synchronous start of ``on_batch``, when it has one."""
+        self._on_intake: IntakeReport | None = getattr(handler, "on_intake", None)
+        """The handler's taker of intake evidence, when it has one."""
+        self._intake = IntakeState()
+        self._probe_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -176,15 +225,18 @@ class Ingest:
         try:
             for route in self._routes:
                 await self._js.add_consumer(route.stream, self._consumer_config(route))
-                puller = Puller(self._js, route.stream, route.durable)
+                puller = Puller.over(self._js, route.stream, route.durable)
                 await puller.start()
                 route.sub = puller
         except BaseException:
             await self._unsubscribe()
             raise
+        self._progress(self._clock(), None)  # the broker answered: the consumers exist
         for route in self._routes:
             route.task = asyncio.create_task(self._fetch_loop(route), name=f"ingest:{route.stream}")
             route.task.add_done_callback(_report_loop_end)
+        self._probe_task = asyncio.create_task(self._probe_loop(), name="ingest-probe")
+        self._probe_task.add_done_callback(_report_loop_end)
         log.info(
             "ingest started: region %s, consumers %s",
             self.settings.region,
@@ -197,6 +249,11 @@ class Ingest:
         Messages not acknowledged by then are redelivered to the next consumer bind.
         """
         self._stopping.set()
+        probe, self._probe_task = self._probe_task, None
+        if probe is not None:
+            probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probe
         tasks = [r.task for r in self._routes if r.task is not None]
         for route in self._routes:
             if route.fetching and route.task is not None:
@@ -224,6 +281,43 @@ class Ingest:
     def stats(self) -> IngestStats:
         """A snapshot of the counters (keys: stream names)."""
         return self.metrics.snapshot(self._dispatch.active)
+
+    @property
+    def intake(self) -> IntakeState:
+        """The telemetry consumer's progress and backlog as last seen."""
+        return self._intake
+
+    def _progress(self, ts: float, pending: int | None, *, probe: bool = False) -> None:
+        """Evidence that the intake is live at ``ts``: kept, and given to the handler."""
+        before = self._intake
+        self._intake = IntakeState(
+            max(ts, before.progress_ts or ts),
+            before.pending if pending is None else pending,
+            ts if probe else before.probe_ts,
+        )
+        if self._on_intake is not None:
+            try:
+                self._on_intake(pending)
+            except Exception:
+                log.exception("the ingest handler failed on intake evidence")
+
+    async def _probe_loop(self) -> None:
+        """Ask the broker for the telemetry consumer's state every PROBE_EVERY_S; each
+        answer is evidence of a live intake, with the backlog (``num_pending``)."""
+        route = next(r for r in self._routes if r.kind is StreamKind.TELEMETRY)
+        while not self._stopping.is_set():
+            try:
+                info = await self._js.consumer_info(
+                    route.stream, route.durable, timeout=PROBE_TIMEOUT_S
+                )
+            except (nats.errors.Error, TimeoutError, OSError) as exc:
+                log.debug("probe of %s unanswered: %r", route.durable, exc)
+            else:
+                pending = info.num_pending
+                if pending is not None:
+                    self.metrics.set_lag(route.stream, pending)
+                self._progress(self._clock(), pending, probe=True)
+            await self._pause(PROBE_EVERY_S)
 
     @property
     def durables(self) -> dict[str, str]:
@@ -327,8 +421,12 @@ class Ingest:
         received = self._clock()
         dead: list[Awaitable[None]] = []
         if msgs:  # the last message's count of those behind it is the consumer's lag
+            pending: int | None = None
             with contextlib.suppress(nats.errors.Error, ValueError, IndexError):
-                self.metrics.set_lag(route.stream, msgs[-1].metadata.num_pending)
+                pending = msgs[-1].metadata.num_pending
+                self.metrics.set_lag(route.stream, pending)
+            if route.kind is StreamKind.TELEMETRY:
+                self._progress(received, pending)
         inline = 0
         for msg in msgs:
             verdict = self._classify(route, msg)
@@ -428,10 +526,11 @@ class Ingest:
         }
         if seq:
             headers["Nats-Msg-Id"] = f"{route.stream}-{seq}"
+        # nats-py keeps the client as ``_nc`` (as pull.py reads it); 1 MiB: NATS's default.
+        max_payload = getattr(getattr(self._js, "_nc", None), "max_payload", 0) or 1024 * 1024
+        data = dead_letter_payload(msg.data, headers, max_payload)
         try:
-            await self._js.publish(
-                self._subjects.dead_letter(route.stream), msg.data, headers=headers
-            )
+            await self._js.publish(self._subjects.dead_letter(route.stream), data, headers=headers)
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             self.metrics.count(route.stream, "dead_letter_failures")
             log.warning("dead-lettering %s failed: %s", msg.subject, exc)

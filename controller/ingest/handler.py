@@ -18,6 +18,9 @@ class IngestHandler(Protocol):
     queued (no task switch per batch), acknowledges at once when it returns None, and
     otherwise queues the rest in the node's lane ahead of its later messages; a raise, or
     a raise of the rest, is a handler error as from ``on_batch``.
+
+    And ``on_intake(pending)``: evidence that ingest's intake is live now, with the
+    telemetry consumer's pending count (None: not known); see controller/ingest/consumer.py.
     """
 
     async def on_batch(self, batch: TelemetryBatch, received_ts: float) -> None:

@@ -9,6 +9,12 @@ fewer are there) or within ``expires`` (ended by a ``408`` when it expires unfil
 ``409``: a conflict, e.g. the consumer was deleted). Like nats-py's fetch, a call returns
 what is there now, else waits for the first message. Messages are ordinary ``Msg``
 objects (ack, nak, metadata as usual).
+
+A ``Puller`` is made from the NATS ``Client`` and the JetStream API prefix, both public
+(``$JS.API`` by default, ``nats.js.api.DEFAULT_PREFIX``). :meth:`Puller.over` takes them
+from a ``JetStreamContext`` instead, which nats-py keeps only as private attributes: that
+one reading is :func:`context_parts`, guarded by tests/unit/test_nats_private.py (and
+nats-py is pinned to the range it was tested with, pyproject.toml).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from nats.js.api import Header, StatusCode
+from nats.js.api import DEFAULT_PREFIX, Header, StatusCode
 from nats.js.errors import APIError
 
 EXPIRY_MARGIN_S: Final = 1.0
@@ -36,17 +42,38 @@ class ConsumerGoneError(nats.errors.Error):
     """The server said the consumer was deleted (409): re-create it."""
 
 
-class Puller:
-    """Fetches batches from one durable pull consumer (see the module docstring)."""
+def context_parts(js: JetStreamContext) -> tuple[Client, str]:
+    """The connection and the API prefix of a JetStream context (``$JS.API``, or
+    ``$JS.<domain>.API``). nats-py has no public accessor: it keeps them as ``_nc`` and
+    ``_prefix``; a nats-py that renames them fails here loudly, not later in a pull."""
+    try:
+        nc, prefix = js._nc, js._prefix
+    except AttributeError as exc:  # pragma: no cover - only a nats-py that moved them
+        raise RuntimeError(f"this nats-py keeps no JetStream connection/prefix: {exc}") from exc
+    if not isinstance(nc, Client) or not isinstance(prefix, str):  # pragma: no cover
+        raise RuntimeError("this nats-py's JetStream context holds no Client/prefix")
+    return nc, prefix
 
-    def __init__(self, js: JetStreamContext, stream: str, durable: str) -> None:
-        # The context's connection and API prefix: nats-py keeps them as _nc and _prefix.
-        self._nc: Client = js._nc
-        self._next = f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
+
+class Puller:
+    """Fetches batches from one durable pull consumer (see the module docstring): ``nc``
+    the connection, ``api_prefix`` the JetStream API prefix of its account/domain."""
+
+    def __init__(
+        self, nc: Client, stream: str, durable: str, *, api_prefix: str = DEFAULT_PREFIX
+    ) -> None:
+        self._nc = nc
+        self._next = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._inbox = self._nc.new_inbox()
         self._queue: deque[Msg] = deque()
         self._wake: asyncio.Event = asyncio.Event()
         self._sub: Subscription | None = None
+
+    @classmethod
+    def over(cls, js: JetStreamContext, stream: str, durable: str) -> Puller:
+        """A puller on ``js``'s connection and API prefix (see :func:`context_parts`)."""
+        nc, prefix = context_parts(js)
+        return cls(nc, stream, durable, api_prefix=prefix)
 
     async def start(self) -> None:
         """Subscribe to the inbox the server delivers to."""

@@ -62,6 +62,10 @@ class Timings:
     stop_deadline_s: float = 30.0
     start_deadline_s: float = 30.0
     """A start not answered by then moves the job away from the silent nodes."""
+    restart_backoff_s: float = 1.0
+    """The wait before the first try again after a refused start (:func:`backoff_s`)."""
+    restart_backoff_max_s: float = 60.0
+    """The longest wait between two tries after refused starts."""
     master_port_base: int = 29500
     master_port_span: int = 20000
 
@@ -110,6 +114,23 @@ class Step:
 
 
 # --- constructors and observations ------------------------------------------------------
+
+
+def backoff_s(restart: int, timings: Timings) -> float:
+    """The wait before the ``restart``-th restart (1-based, counted in ``crashes``) that
+    follows a refused start: ``min(restart_backoff_s * 2 ** (restart - 1),
+    restart_backoff_max_s)``; 0 for ``restart < 1``."""
+    if restart < 1:
+        return 0.0
+    exponent = min(restart - 1, 62)  # no float overflow for a huge max_restarts
+    return float(min(timings.restart_backoff_s * 2.0**exponent, timings.restart_backoff_max_s))
+
+
+def is_permanent(reply: CommandReply) -> bool:
+    """Whether a refused start will be refused again however often it is tried: the agent
+    says so (``result.permanent``: no such file, permission denied, exec format error, a
+    working directory that does not exist, invalid args); older agents never do."""
+    return not reply.ok and reply.result.get("permanent") is True
 
 
 def submitted(job: Job, now: float, reason: str = "submitted") -> Step:
@@ -274,8 +295,12 @@ def _restart(
     why: str,
     kind: str,
     attrs: dict[str, AttrValue],
+    *,
+    backoff: bool = False,
 ) -> Step:
-    """A hang or a crash: restart from the last checkpoint, within the restart budget."""
+    """A hang, a crash or a refused start: restart from the last checkpoint, within the
+    restart budget; after a refused start (``backoff``) the next start waits
+    :func:`backoff_s`."""
     job = status.job
     assert job is not None
     crashes = status.crashes + 1
@@ -285,7 +310,10 @@ def _restart(
         why = f"{why}; restart budget of {job.max_restarts} spent"
         step = _begin(status, cause, world, exclude=(), target="failed", skip_ckpt=True, why=why)
     else:
-        step = _begin(status, cause, world, exclude=(), skip_ckpt=True, why=why)
+        wait = backoff_s(crashes, world.timings) if backoff else 0.0
+        step = _begin(
+            status, cause, world, exclude=(), skip_ckpt=True, why=why, not_before=world.now + wait
+        )
     return Step(step.status, step.sends, (emit, *step.emits))
 
 
@@ -298,8 +326,11 @@ def _begin(
     target: MoveTarget = "place",
     skip_ckpt: bool = False,
     why: str = "",
+    not_before: float = 0.0,
 ) -> Step:
     move = _new_move(status, cause, world.now, exclude=exclude, target=target)
+    if not_before > world.now:
+        move = replace(move, not_before_ts=not_before)
     live = [m for m in status.members if world.grades.get(m.node) not in DEAD_GRADES]
     if skip_ckpt or not live or not status.members:
         move = replace(move, phase="stopping", checkpoint=status.last_checkpoint)
@@ -421,7 +452,7 @@ def _starting(status: JobStatus, move: JobMove, world: World) -> Step:
     waiting = tuple(s for s in sends if s.command_id not in world.replies)
     grades = {m.node: world.grades.get(m.node, "UNREACHABLE") for m in status.members}
     bad = tuple(sorted(n for n, g in grades.items() if g in EVACUATE))
-    late = now - move.phase_ts >= world.timings.start_deadline_s
+    late = now - max(move.phase_ts, move.not_before_ts) >= world.timings.start_deadline_s
     if bad or (waiting and late):  # a node went bad or never answered: move again
         exclude = bad or tuple(sorted({s.node for s in waiting}))
         cause = EVACUATE[grades[bad[0]]] if bad else "lost"
@@ -429,14 +460,17 @@ def _starting(status: JobStatus, move: JobMove, world: World) -> Step:
         status = msgspec.structs.replace(status, move=None, downtime_s=spent)
         why = f"{cause} while starting: {', '.join(exclude)}"
         return _begin(status, cause, world, exclude=exclude, skip_ckpt=True, why=why)
+    if now < move.not_before_ts:  # backing off after a refused start: nothing runs yet
+        if status.cancel_requested:
+            return _end(status, "cancelled", now, "cancelled by request while backing off")
+        return Step(status)
     if waiting:
         return Step(status, sends=waiting)
-    failed = [world.replies[s.command_id] for s in sends if not world.replies[s.command_id].ok]
+    refused = [(s.node, world.replies[s.command_id]) for s in sends]
+    refused = [(node, r) for node, r in refused if not r.ok]
     status = msgspec.structs.replace(status, move=None)
-    if failed:  # a node refused the start: move it again, away from the refusing nodes
-        bad = tuple(sorted({s.node for s in sends if not world.replies[s.command_id].ok}))
-        why = f"start refused on {', '.join(bad)}: {failed[0].message}"
-        return _begin(status, "crash", world, exclude=bad, skip_ckpt=True, why=why)
+    if refused:
+        return _refused(status, refused, world)
     members = tuple(replace(m, progress_ts=now) for m in status.members)
     first = status.generation == 1 and move.cause == "operator"
     downtime = 0.0 if first else max(0.0, now - move.started_ts)
@@ -466,6 +500,27 @@ def _starting(status: JobStatus, move: JobMove, world: World) -> Step:
             msg = f"{lost} steps to redo"
             emits.append(_emit(status, "job.lost_progress", move.move_id, msg, lost_attrs))
     return Step(status, sends=(), emits=tuple(emits))
+
+
+def _refused(status: JobStatus, refused: list[tuple[str, CommandReply]], world: World) -> Step:
+    """Nodes refused the start: a permanent cause fails the job at once (members that did
+    start are stopped first); any other counts as a restart, tried again on the same nodes
+    after :func:`backoff_s`, within ``max_restarts``."""
+    nodes = sorted({node for node, _ in refused})
+    permanent = [r for _, r in refused if is_permanent(r)]
+    first = (permanent or [r for _, r in refused])[0]
+    why = f"start refused on {', '.join(nodes)}: {first.message}"
+    if permanent:
+        why = f"{why} (permanent: not tried again)"
+        return _begin(status, "crash", world, exclude=(), target="failed", skip_ckpt=True, why=why)
+    cause = first.result.get("cause")
+    attrs: dict[str, AttrValue] = {
+        "start_refused": True,
+        "nodes": ",".join(nodes),
+        "cause": cause if isinstance(cause, str) and cause else first.status,
+        "generation": status.generation,
+    }
+    return _restart(status, "crash", world, why, "job.crashed", attrs, backoff=True)
 
 
 def _start_sends(status: JobStatus, world: World) -> tuple[Send, ...]:

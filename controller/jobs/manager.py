@@ -5,7 +5,11 @@ Every ``tick_s`` (and at once when something happens) one pass:
 1. each unfinished job is advanced by :func:`metalguard.controller.jobs.machine.advance`
    against the node grades (MG_NODES, read from the region controller's store) and the
    replies to its commands; a changed status is written to MG_JOBS **before** its events
-   are published and its commands sent;
+   are published and its commands sent, its events to the jobs' outbox (MG_JOBS
+   ``_outbox.*``) before the status: a manager stopped between the write and the publish
+   (a crash, a lost connection) leaves them there, and the next pass of this manager or
+   of a restarted one publishes them (deterministic event ids: the stream drops a
+   repeat), then deletes them;
 2. the queue pass (:func:`metalguard.controller.jobs.scheduler.schedule_queue`) places
    queued jobs and moves waiting for a placement, on the nodes the region's topology gives
    (``fleet``), and starts preemptions.
@@ -72,6 +76,10 @@ class JobSettings:
     """MG_MASTER_ADDR for every gang ("" = rank 0's node name; the demo uses 127.0.0.1)."""
     progress_write_s: float = 5.0
     """A progress-only change (steps) is written to MG_JOBS at most this often."""
+    restart_backoff_s: float = 1.0
+    """The wait before trying a refused start again, doubled at every restart ..."""
+    restart_backoff_max_s: float = 60.0
+    """... up to this (docs/jobs.md "Refused starts")."""
 
 
 FleetView = Callable[[Mapping[str, NodeRecord]], list[FleetNode]]
@@ -113,12 +121,15 @@ class JobManager:
             checkpoint_deadline_s=self.settings.checkpoint_deadline_s,
             stop_deadline_s=self.settings.stop_grace_s + 5.0,
             start_deadline_s=self.settings.start_timeout_s * 3,
+            restart_backoff_s=self.settings.restart_backoff_s,
+            restart_backoff_max_s=self.settings.restart_backoff_max_s,
         )
         self._live: dict[str, JobStatus] = {}
         """The newest status of each job (may be ahead of MG_JOBS in progress only)."""
         self._written_ts: dict[str, float] = {}
         self._replies: dict[str, CommandReply] = {}
         self._inflight: set[str] = set()
+        self._refusals = RefusalLog()
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -185,10 +196,16 @@ class JobManager:
         self._check_leading()
         step = machine.submitted(job, self._clock(), reason)
         async with self._lock:
-            await self.store.create(step.status)
+            events = self._events(step.status, step.emits)
+            await self.store.add_pending(events)
+            try:
+                await self.store.create(step.status)
+            except BaseException:
+                await self._abandon(events)
+                raise
             self._live[job.job_id] = step.status
             self._written_ts[job.job_id] = self._clock()
-            await self._publish(step.status, step.emits)
+            await self._publish(events)
         self.wake()
         return step.status
 
@@ -236,6 +253,7 @@ class JobManager:
             self._led = leading
             if not leading:
                 return
+            await self._publish(self._pending())
             records = self._nodes.records
             world = World(
                 now=self._clock(),
@@ -285,15 +303,22 @@ class JobManager:
                     await self._apply(machine.advance(self._live[victim], world))
 
     async def _apply(self, step: Step) -> None:
-        """Persist the new status, then publish its events, then send its commands."""
+        """Put its events in the outbox, persist the new status, then publish the events
+        (deleting them from the outbox), then send its commands. A status another writer
+        changed first takes neither: its events leave the outbox, its commands stay unsent
+        (the next pass decides again from the fresh status)."""
         status = step.status
-        if status != self._live.get(status.job_id):
-            await self._write(status, force=True)
-        await self._publish(status, step.emits)
+        events = self._events(status, step.emits)
+        await self.store.add_pending(events)
+        if status != self._live.get(status.job_id) and not await self._write(status, force=True):
+            await self._abandon(events)
+            return
+        await self._publish(events)
         for send in step.sends:
             self._send(status, send)
 
-    async def _write(self, status: JobStatus, *, force: bool) -> None:
+    async def _write(self, status: JobStatus, *, force: bool) -> bool:
+        """Write ``status`` to MG_JOBS; False (the fresh value taken) on a conflict."""
         now = self._clock()
         try:
             await self.store.put(status)
@@ -302,29 +327,57 @@ class JobManager:
             log.warning("job %s changed in MG_JOBS by another writer; reloaded", status.job_id)
             if fresh is not None:
                 self._live[status.job_id] = fresh
-            return
+            return False
         self._live[status.job_id] = status
         self._written_ts[status.job_id] = now
+        return True
 
-    async def _publish(self, status: JobStatus, emits: Iterable[Emit]) -> None:
-        for e in emits:
-            event = ControllerEvent(
+    def _events(self, status: JobStatus, emits: Iterable[Emit]) -> list[ControllerEvent]:
+        """The ControllerEvents of a step's emits (ids from the machine: deterministic)."""
+        now = self._clock()
+        return [
+            ControllerEvent(
                 event_id=e.event_id,
-                ts=self._clock(),
+                ts=now,
                 region=self.region,
                 kind=e.kind,
                 job_id=status.job_id,
                 message=e.message,
                 attributes=e.attributes,
             )
+            for e in emits
+        ]
+
+    def _pending(self) -> list[ControllerEvent]:
+        """What the outbox holds (left by a publish that failed, or by a manager stopped
+        between a write and its publish), oldest first."""
+        return sorted(self.store.outbox.values(), key=lambda e: (e.ts, e.event_id))
+
+    async def _abandon(self, events: Iterable[ControllerEvent]) -> None:
+        """Take events of a status that was not written out of the outbox."""
+        for event in events:
+            try:
+                await self.store.remove_pending(event.event_id)
+            except NatsError as exc:  # left there: published by a later pass (a repeat)
+                log.warning("pending event %s not removed: %s", event.event_id, exc)
+
+    async def _publish(self, events: Iterable[ControllerEvent]) -> None:
+        """Publish each event (message id = event id) and delete it from the outbox once
+        the stream acknowledged it; a failed publish leaves it and the ones after it for
+        the next pass."""
+        for event in events:
             try:
                 await self._js.publish(
-                    self._subjects.control(self.region, e.kind),
+                    self._subjects.control(self.region, event.kind),
                     encode(event),
                     headers={"Nats-Msg-Id": event.event_id},
                 )
-            except NatsError as exc:
-                log.warning("event %s not published: %s", event.event_id, exc)
+                await self.store.remove_pending(event.event_id)
+            except NatsError as exc:  # the rest waits too: the order is kept
+                log.warning(
+                    "event %s not published yet (kept in the outbox): %s", event.event_id, exc
+                )
+                return
 
     # --- commands -----------------------------------------------------------------------
 
@@ -363,7 +416,7 @@ class JobManager:
         else:
             self._replies[send.command_id] = reply
             if not reply.ok:
-                log.info("%s %s refused: %s", send.verb, send.command_id, reply.message)
+                self._refusals.refused(send, reply)
             self.wake()
         finally:
             self._inflight.discard(send.command_id)
@@ -407,6 +460,34 @@ class JobManager:
             self.wake()
 
 
+class RefusalLog:
+    """Logs each distinct refusal once per job generation (not once per member, nor once
+    per try of a repeated command): a job whose every member is refused logs one line."""
+
+    KEEP = 4096
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, object, str, str], None] = {}
+
+    def refused(self, send: Send, reply: CommandReply) -> bool:
+        """Log ``reply`` unless this refusal was logged for its job and generation."""
+        key = (str(send.args.get("job_id", "")), send.args.get("generation"), send.verb,
+               reply.message)  # fmt: skip
+        if key in self._seen:
+            return False
+        self._seen[key] = None
+        while len(self._seen) > self.KEEP:
+            del self._seen[next(iter(self._seen))]
+        cause = reply.result.get("cause")
+        log.warning(
+            "job %s generation %s: %s refused by %s (logged once a generation): %s%s%s",
+            key[0], key[1], send.verb, send.node, reply.message,
+            f" ({cause})" if cause else "",
+            " [permanent]" if reply.result.get("permanent") is True else "",
+        )  # fmt: skip
+        return True
+
+
 def handed_over_ok(status: JobStatus) -> bool:
     """Whether a job may still go to another region: queued, never started, no move,
     no cancel asked (pure)."""
@@ -418,13 +499,26 @@ def handed_over_ok(status: JobStatus) -> bool:
     )
 
 
+def event_generation(event: NodeEvent, current: int) -> int:
+    """The run a ``job_*`` event reports on: its ``generation`` attribute (the start
+    command's, echoed by the agent), ``current`` when it has none (an older agent)."""
+    generation = event.attributes.get("generation")
+    if isinstance(generation, int) and not isinstance(generation, bool):
+        return generation
+    return current
+
+
 def observe(status: JobStatus, node: str, event: NodeEvent, now: float) -> JobStatus:
-    """Take one ``job_*`` NodeEvent into the status (pure)."""
+    """Take one ``job_*`` NodeEvent into the status (pure). An event of another run
+    than the job's current generation (a late progress, checkpoint or exit of a run
+    already replaced) changes nothing: it would overstate steps or end the new run."""
     attrs = event.attributes
     member = next((m for m in status.members if m.node == node), None)
     if member is None:
         return status
-    generation = status.generation
+    generation = event_generation(event, status.generation)
+    if generation != status.generation:
+        return status
     if event.kind == "job_progress":
         step = attrs.get("step")
         if isinstance(step, int) and step >= 0:

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import msgspec
 
-from metalguard.proto.documents import describe_validation_error
+from metalguard.proto.documents import DocumentError, describe_validation_error, parse_toml
 from metalguard.proto.jobs import Job
 
 JOB_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
@@ -42,6 +42,46 @@ class JobRejectedError(ValueError):
     def __init__(self, reasons: list[str]) -> None:
         super().__init__("; ".join(reasons))
         self.reasons = reasons
+
+
+class JobFileError(DocumentError):
+    """A job file is not a valid job; ``reasons`` lists every problem, and the message
+    names the file before each (``job.toml: nodes: Expected `int`, got `str```)."""
+
+    def __init__(self, source: str, reasons: list[str]) -> None:
+        super().__init__("; ".join(f"{source}: {reason}" for reason in reasons))
+        self.source = source
+        self.reasons = reasons
+
+
+def job_document(text: str, source: str) -> dict[str, Any]:
+    """A job file's text as plain data: JSON when ``source`` ends in ``.json``, else TOML.
+
+    JobFileError naming ``source`` when it is neither, or not a table of keys.
+    """
+    if source.endswith(".json"):
+        try:
+            loaded = msgspec.json.decode(text)
+        except msgspec.DecodeError as exc:
+            raise JobFileError(source, [f"not valid JSON: {exc}"]) from None
+        except RecursionError:
+            raise JobFileError(source, ["not valid JSON: nested too deeply"]) from None
+        if not isinstance(loaded, dict):
+            raise JobFileError(source, ["expected a JSON object (a table of keys)"])
+        return loaded
+    try:
+        return parse_toml(text, source)
+    except DocumentError as exc:
+        raise JobFileError(source, [str(exc).removeprefix(f"{source}: ")]) from None
+
+
+def parse_job_file(text: str, source: str, now: float) -> Job:
+    """A job file's text validated into a Job (:func:`job_document`, :func:`parse_job`);
+    JobFileError naming ``source``, every key and its problem."""
+    try:
+        return parse_job(job_document(text, source), now)
+    except JobRejectedError as exc:
+        raise JobFileError(source, exc.reasons) from None
 
 
 def new_job_id() -> str:

@@ -1,5 +1,8 @@
 """The jobs' durable state: KV ``<P>_JOBS``, key = job id, value = :class:`JobStatus`
-(which carries the submitted :class:`Job`).
+(which carries the submitted :class:`Job`); and the jobs' outbox, key
+``_outbox.<sha1 of event id>``, value = a :class:`ControllerEvent` decided and about to be
+written with its status, not yet acknowledged by ``<P>_CONTROL`` (deleted once it is;
+published again by a restarted manager: the deterministic event id deduplicates).
 
 Writes are compare-and-set on the revision this store last saw, like
 :class:`controller.state.NodeStore`: a conflict re-reads the key and raises
@@ -8,8 +11,9 @@ Writes are compare-and-set on the revision this store last saw, like
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -17,10 +21,18 @@ from nats.js.kv import KeyValue
 
 from metalguard.controller.state.kv_keys import bucket_keys
 from metalguard.proto.codec import CodecError, decode, encode
+from metalguard.proto.events import ControllerEvent
 from metalguard.proto.jobs import JobStatus
 from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
+
+OUTBOX_PREFIX = "_outbox."
+
+
+def outbox_key(event_id: str) -> str:
+    """The key of a pending job event (event ids may hold characters keys may not)."""
+    return OUTBOX_PREFIX + hashlib.sha1(event_id.encode(), usedforsecurity=False).hexdigest()
 
 
 class JobConflictError(Exception):
@@ -36,17 +48,22 @@ class JobExistsError(Exception):
 
 
 class JobStore:
-    """A cache of every job's status over the bucket, written compare-and-set."""
+    """A cache of every job's status over the bucket, written compare-and-set, and of
+    the job events still in the outbox. ``js`` is the JetStream context of the bucket
+    (its key listing asks the stream, :mod:`metalguard.controller.state.kv_keys`)."""
 
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, js: JetStreamContext) -> None:
         self._kv = kv
+        self._js = js
         self._jobs: dict[str, JobStatus] = {}
         self._revisions: dict[str, int] = {}
+        self.outbox: dict[str, ControllerEvent] = {}
+        """Pending job events by event id (written, not yet acknowledged by the stream)."""
 
     @classmethod
     async def open(cls, js: JetStreamContext, subjects: Subjects) -> JobStore:
         """The store over the bucket (which must exist), loaded."""
-        store = cls(await js.key_value(subjects.bucket("jobs")))
+        store = cls(await js.key_value(subjects.bucket("jobs")), js)
         await store.load()
         return store
 
@@ -59,8 +76,38 @@ class JobStore:
         """Read the whole bucket into the cache (a restarted controller resumes here)."""
         self._jobs.clear()
         self._revisions.clear()
-        for key in await bucket_keys(self._kv):  # not kv.keys(): it can miss (kv_keys.py)
-            await self._refresh(key)
+        self.outbox.clear()
+        for key in await bucket_keys(self._js, self._kv):  # not kv.keys() (kv_keys.py)
+            if key.startswith(OUTBOX_PREFIX):
+                await self._refresh_pending(key)
+            else:
+                await self._refresh(key)
+
+    async def add_pending(self, events: Iterable[ControllerEvent]) -> None:
+        """Keep ``events`` in the outbox until :meth:`remove_pending` (plain puts, made
+        before the status that announces them is written)."""
+        for event in events:
+            await self._kv.put(outbox_key(event.event_id), encode(event))
+            self.outbox[event.event_id] = event
+
+    async def remove_pending(self, event_id: str) -> None:
+        """Drop a published (or abandoned) event from the outbox."""
+        await self._kv.delete(outbox_key(event_id))
+        self.outbox.pop(event_id, None)
+
+    async def _refresh_pending(self, key: str) -> None:
+        try:
+            entry = await self._kv.get(key)
+        except KeyNotFoundError:  # deleted (published): its delete marker reads absent
+            return
+        if entry.value is None:
+            return
+        try:
+            event = decode(entry.value, ControllerEvent)
+        except CodecError as exc:
+            log.error("MG_JOBS %s: undecodable pending event skipped: %s", key, exc)
+            return
+        self.outbox[event.event_id] = event
 
     async def create(self, status: JobStatus) -> None:
         """Store a new job; JobExistsError when its id is taken."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
+from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 
@@ -19,15 +20,16 @@ SERVER_PAGE = 100_000
 """The most subjects nats-server details in one stream info answer."""
 
 
-async def bucket_keys(kv: KeyValue) -> list[str]:
+async def bucket_keys(js: JetStreamContext, kv: KeyValue) -> list[str]:
     """The keys of ``kv``'s bucket that have a message (deleted ones included: their
-    reads raise ``KeyDeletedError``, which callers treat as absent)."""
+    reads raise ``KeyDeletedError``, which callers treat as absent); ``js`` is the
+    JetStream context the bucket was opened with (nats-py's public API only)."""
     status = await kv.status()
     stream = status.stream_info.config.name
     if stream is None:
         return []
     pre = f"{KV_PREFIX}{status.bucket}."
-    info = await kv._js.stream_info(stream, subjects_filter=f"{pre}>")
+    info = await js.stream_info(stream, subjects_filter=f"{pre}>")
     subjects = set(info.state.subjects or {})
     if len(subjects) >= SERVER_PAGE:  # more than one page: add what the watcher finds
         with contextlib.suppress(NoKeysError):

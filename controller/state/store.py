@@ -76,8 +76,9 @@ def outbox_key(event_id: str) -> str:
 class NodeStore:
     """NodeRecords, RailStates and pending events, cached, with their KV revisions."""
 
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, js: JetStreamContext) -> None:
         self._kv = kv
+        self._js = js
         self._revisions: dict[str, int] = {}
         self.records: dict[str, NodeRecord] = {}
         """By node handle."""
@@ -93,7 +94,7 @@ class NodeStore:
     @classmethod
     async def open(cls, js: JetStreamContext, subjects: Subjects) -> NodeStore:
         """The store over ``subjects.bucket("nodes")`` (which must exist), loaded."""
-        store = cls(await js.key_value(subjects.bucket("nodes")))
+        store = cls(await js.key_value(subjects.bucket("nodes")), js)
         await store.load()
         return store
 
@@ -101,7 +102,7 @@ class NodeStore:
         """Replace the whole cache with what KV holds now (a controller taking the lease),
         in place: whoever holds this store sees the new state, and readers never see a
         half-loaded one (the fresh state is read aside, then taken over at once)."""
-        fresh = NodeStore(self._kv)
+        fresh = NodeStore(self._kv, self._js)
         await fresh.load()
         self._revisions, self.records, self.rails = fresh._revisions, fresh.records, fresh.rails
         self.outbox, self._sizes, self.signals = fresh.outbox, fresh._sizes, fresh.signals
@@ -109,7 +110,7 @@ class NodeStore:
 
     async def load(self) -> None:
         """Read every key of the bucket into the cache (at start)."""
-        for key in await bucket_keys(self._kv):  # not kv.keys(): it can miss (kv_keys.py)
+        for key in await bucket_keys(self._js, self._kv):  # not kv.keys() (kv_keys.py)
             await self._refresh(key)
         log.info(
             "loaded %d node records, %d rail states, %d pending events",

@@ -42,6 +42,7 @@ def job_rows(jobs: Iterable[JobStatus]) -> list[dict[str, Any]]:
                 "steps_redone": s.steps_redone,
                 "downtime_s": round(s.downtime_s, 3),
                 "digest": s.digest,
+                "reason": s.reason,
             }
         )
     return rows

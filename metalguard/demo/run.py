@@ -19,9 +19,11 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +50,7 @@ from metalguard.controller.api.sse import (
 from metalguard.controller.core.lifecycle import OperatorAction
 from metalguard.controller.core.scoring.signals import NodeSignals
 from metalguard.controller.federation.service import Federation
-from metalguard.controller.federation.view import job_counts
+from metalguard.controller.federation.view import busy_nodes, job_counts
 from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.spec import JobRejectedError
 from metalguard.controller.jobs.store import JobStore
@@ -69,6 +71,7 @@ from metalguard.demo.sim.scenario import (
     load_scenario,
     unknown_nodes,
 )
+from metalguard.demo.stopping import Stopper
 from metalguard.proto.codec import CodecError, decode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.nodes import NodeRecord
@@ -133,6 +136,7 @@ class _Journal:
         self.events.append(
             {
                 "t": self.t(),
+                "id": event.event_id,
                 "kind": event.kind,
                 "node": event.node.node if event.node else None,
                 "reasons": msgspec.to_builtins(event.reasons),
@@ -376,6 +380,7 @@ def _report(
     journal: _Journal,
     regions: list[DemoRegion],
     scenario: Scenario | None,
+    stop: dict[str, Any] | None = None,
 ) -> None:
     nodes = [
         {
@@ -397,6 +402,7 @@ def _report(
         "jobs": [r for g in regions for r in job_rows(g.jobs.jobs.values())],  # docs/jobs.md
         "jobs_submitted": journal.submitted,
         "expected_digests": expected,
+        **(stop or {}),
     }
     doc["ok"] = report_ok(doc)
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
@@ -433,6 +439,7 @@ async def _start_region(
         interval_s=FEDERATION_INTERVAL_S,
         controller=f"demo-{name}",
         jobs=lambda: job_counts(jobs.jobs),
+        busy=lambda: busy_nodes(jobs.jobs),
     )
     await federation.start()
     cleanup.append(federation.stop)
@@ -440,18 +447,27 @@ async def _start_region(
 
 
 async def run_demo(options: DemoOptions) -> int:
-    """Run the demo until a stop signal or the duration; return the exit status."""
+    """Run the demo until a stop signal or the duration; return the exit status.
+
+    Meant for the ``metalguard demo`` process: it takes SIGINT and SIGTERM, and once the
+    stop was due its watchdog ends the process if it has not exited within
+    :data:`metalguard.demo.stopping.EXIT_AFTER_S` (docs/demo.md "Stopping")."""
     scenario = _scenario(options)
     names = [f"r{i}" for i in range(1, region_count(options, scenario) + 1)]
     subjects = Subjects(options.prefix)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     journal = _Journal()
     server = NatsServer()
     tmp = tempfile.TemporaryDirectory(prefix="mg-demo-", dir=_fast_tmp())
     cleanup: list[Any] = []
+    outcome = _Outcome(options.report, journal, scenario)
+    stopper = Stopper(
+        loop,
+        force_report=lambda: outcome.write(stopper, forced=True),
+        emergency=lambda: _emergency(server, Path(tmp.name)),
+    )
+    stopper.install()  # from here on, SIGINT / SIGTERM end the run with a report
+    stop = stopper.requested
     try:
         _say("starting nats-server (JetStream)")
         url = await asyncio.to_thread(server.start)
@@ -471,6 +487,7 @@ async def run_demo(options: DemoOptions) -> int:
             _say(f"starting the controller of region {name} (ingest, jobs, federation)")
             regions.append(await _start_region(nc, js, subjects, name, cleanup))
         view = AllRegions({r.name: r.controller for r in regions})
+        outcome.view, outcome.regions = view, regions
         first = regions[0]
         qos = await QosStore.open(js, subjects)
         app = make_app(
@@ -509,6 +526,7 @@ async def run_demo(options: DemoOptions) -> int:
             scenario = msgspec.structs.replace(
                 scenario, fault=tuple(f for f in scenario.fault if f.node not in missing)
             )
+            outcome.scenario = scenario
         _say(
             f"starting {len(fleet.node_names)} agents ({len(names)} region(s) x "
             f"{options.clusters} cluster(s) x {options.racks} racks x "
@@ -519,40 +537,105 @@ async def run_demo(options: DemoOptions) -> int:
         cleanup.append(fleet.stop)
         per_region = {f"r{f.region}": len(f.node_names) for f in fleet.fleets}
         await _wait_agents(regions, per_region, stop)
-        for region in regions:
-            await region.jobs.start()
-            cleanup.append(region.jobs.stop)
-        _say(f"try: curl {api_url}/v1/fleet   or   metalguard nodes --api {api_url}")
-        _say(f"dashboard: {api_url}/ui/")
-        _say("running; press Ctrl-C to stop")
-        journal.started = time.monotonic()
-        player = asyncio.create_task(_play(fleet, scenario, journal), name="scenario")
-        cleanup.append(lambda: _cancel(player))
-        if scenario is not None and scenario.job:
-            ckpt = Path(tmp.name) / "checkpoints"
-            by_region = {r.name: r.jobs for r in regions}
-            submitter = asyncio.create_task(
-                _submit_jobs(by_region, names[0], scenario, journal, ckpt)
-            )
-            cleanup.append(lambda: _cancel(submitter))
-        duration = options.duration_s
-        if duration is None and options.headless:
-            duration = 120.0
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), duration)
-        _say("stopping")
-        if options.report is not None:
-            _report(options.report, view, journal, regions, scenario)
+        if not stop.is_set():
+            for region in regions:
+                await region.jobs.start()
+                cleanup.append(region.jobs.stop)
+            _say(f"try: curl {api_url}/v1/fleet   or   metalguard nodes --api {api_url}")
+            _say(f"dashboard: {api_url}/ui/")
+            _say("running; press Ctrl-C to stop")
+            journal.started = time.monotonic()
+            duration = options.duration_s
+            if duration is None and options.headless:
+                duration = 120.0
+            stopper.arm(duration)  # a loop timer, backed by the watchdog thread
+            player = asyncio.create_task(_play(fleet, scenario, journal), name="scenario")
+            cleanup.append(lambda: _cancel(player))
+            if scenario is not None and scenario.job:
+                ckpt = Path(tmp.name) / "checkpoints"
+                by_region = {r.name: r.jobs for r in regions}
+                submitter = asyncio.create_task(
+                    _submit_jobs(by_region, names[0], scenario, journal, ckpt)
+                )
+                cleanup.append(lambda: _cancel(submitter))
+        await stop.wait()
+        stopper.stopping()
+        by = "a signal" if stopper.signals else "the duration"
+        _say(f"stopping ({by}; {stopper.lag_s or 0.0:.2f} s after it was due)")
+        outcome.write(stopper)
+        stopper.reported()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        for step in reversed(cleanup):
-            with contextlib.suppress(Exception):
-                await step()
-        await asyncio.to_thread(server.close)
+        await _clean_up(cleanup, server, CLEANUP_S)
+        stopper.finished()
+        stopper.uninstall()
         tmp.cleanup()
     _say("stopped")
     return 0
+
+
+CLEANUP_S = 3.0
+"""The most the stop's cleanup may take (each step is cut at what is left); the watchdog
+ends a process still there :data:`metalguard.demo.stopping.EXIT_AFTER_S` after the stop."""
+
+
+async def _clean_up(cleanup: list[Any], server: NatsServer, budget_s: float) -> None:
+    """Run the cleanup steps newest first, within ``budget_s`` in all, then stop the
+    nats-server."""
+    end = time.monotonic() + budget_s
+    for step in reversed(cleanup):
+        left = max(0.05, end - time.monotonic())
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(step(), left)
+    await asyncio.to_thread(_close_server, server)
+
+
+def _close_server(server: NatsServer) -> None:
+    server.stop(timeout=1.0)
+    server.close()
+
+
+def _emergency(server: NatsServer, tmp: Path) -> None:
+    """Before an exit without cleanup (a second signal, a wedged loop): end the
+    nats-server and remove the simulated trees (job members die with this process)."""
+    pid = server.pid
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Outcome:
+    """The report, written once: by the loop when it stops, or by the stop watchdog's
+    thread when the loop is wedged (``forced``)."""
+
+    def __init__(self, path: Path | None, journal: _Journal, scenario: Scenario | None) -> None:
+        self.path = path
+        self.journal = journal
+        self.scenario = scenario
+        self.view: AllRegions | None = None
+        self.regions: list[DemoRegion] = []
+        self._lock = threading.Lock()
+        self._written = False
+
+    def write(self, stopper: Stopper, *, forced: bool = False) -> None:
+        """Write the report (once; nothing without ``--report``)."""
+        with self._lock:
+            if self._written or self.path is None:
+                return
+            self._written = True
+            stop = {
+                "stop_lag_s": stopper.lag_s,
+                "stopped_by": "signal" if stopper.signals else "duration",
+                "stop_forced": forced,
+            }
+            view = self.view or AllRegions({})
+            for attempt in range(3):  # from the watchdog the loop may change a dict meanwhile
+                try:
+                    _report(self.path, view, self.journal, self.regions, self.scenario, stop)
+                    return
+                except RuntimeError:
+                    if attempt == 2:
+                        raise
 
 
 QOS_NOTE = (

@@ -277,13 +277,15 @@ class RunningEmulator:
 
 
 async def start_emulator(
-    emulator: RedfishEmulator, certificate: Certificate
+    emulator: RedfishEmulator, certificate: Certificate | None
 ) -> tuple[web.AppRunner, str]:
-    """Serve ``emulator`` over HTTPS on a free loopback port: its runner (clean it up) and
-    its ``127.0.0.1:PORT`` address."""
+    """Serve ``emulator`` over HTTPS on a free loopback port (plain HTTP when
+    ``certificate`` is None, as sushy-tools does by default): its runner (clean it up)
+    and its ``127.0.0.1:PORT`` address."""
     runner = web.AppRunner(emulator.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=certificate.server_context())
+    tls = certificate.server_context() if certificate is not None else None
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
     await site.start()
     server = site._server
     assert server is not None

@@ -129,3 +129,33 @@ async def test_through_the_shared_reader_registry(bmc: RunningEmulator, tmp_path
     assert reading.reachable, reading.message
     assert (reading.source, reading.node, reading.power_state) == ("redfish", t.node, "on")
     assert any(s.kind == "fan" for s in reading.sensors)
+
+
+async def test_plain_http_url_from_the_config_file(tmp_path: Path) -> None:
+    """``address = "http://127.0.0.1:PORT"`` (how sushy-tools prints itself) in agent.toml
+    reads the emulator over plain HTTP; the same emulator behind ``https://`` is refused
+    by the TLS handshake, not misread as a host name."""
+    from metalguard.agent.config import parse_config
+
+    emulator = RedfishEmulator()
+    runner, address = await start_emulator(emulator, None)
+    try:
+        creds = credentials(tmp_path)
+        text = (
+            f'[[bmc]]\nnode = "eu1.trainA.gpu017"\naddress = "http://{address}"\n'
+            f'protocol = "redfish"\ncredentials = "{creds}"\ntimeout_s = 2.0\nretries = 0\n'
+        )
+        (t,) = parse_config(text, "agent.toml").bmc
+        assert redfish.base_url(t) == f"http://{address}"
+        reading = await redfish.read_bmc(t)
+        assert reading.reachable, reading.message
+        assert (reading.power_state, reading.health) == ("on", "critical")
+        assert by_name(reading)["Fan Bay 1"].value == 2200.0
+        assert emulator.auth_seen == {"session"}
+
+        tls = target(f"https://{address}", creds, verify_tls=False)
+        refused = await redfish.read_bmc(tls)
+        assert not refused.reachable
+        assert "InvalidUrl" not in refused.message
+    finally:
+        await runner.cleanup()

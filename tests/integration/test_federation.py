@@ -63,8 +63,11 @@ async def test_regions_see_each_other_look_up_nodes_and_go_stale_when_cut_off(
     assert seen["stale"] is False
     assert seen["nodes"] == 1
     assert list(seen["capacity"]) == [  # type: ignore[call-overload]
-        {"gpu_type": "h100", "nodes": 1, "healthy_nodes": 1, "gpus": 8, "healthy_gpus": 8}
-    ]
+        {
+            "gpu_type": "h100", "nodes": 1, "healthy_nodes": 1, "gpus": 8, "healthy_gpus": 8,
+            "free_nodes": 1, "free_in": {"rack": 1, "cluster": 1, "zone": 1},
+        }
+    ]  # fmt: skip
 
     found = await r1.lookup("uuid-in-r2")  # a node's UUID is its global handle
     assert (found.found, found.region, found.handle) == (True, "r2", "r2.c1.n1")

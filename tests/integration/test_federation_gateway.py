@@ -311,16 +311,8 @@ async def test_two_regions_forward_jobs_survive_a_cut_and_converge(
             print(log_tail(r1), log_tail(r2), sep="\n")
             raise
 
-        # ... and once r2 is heard again, the waiting gang goes there (r2 has 3 healthy
-        # nodes left; r1 now has 1).
-        moved = await wait_for_value(
-            functools.partial(try_get, http, f"{r1.api}/v1/jobs/cut-gang"),
-            lambda b: b is not None and b.get("region") == "r2",
-            DEADLINE_S, "the gang queued during the cut to be forwarded to r2",
-        )  # fmt: skip
-        assert moved["status"]["history"][0]["reason"] == "forwarded from r1"
-
-        # A job of r2 cancelled through r1's API.
+        # A job of r2 cancelled through r1's API (it holds r2's 3 healthy nodes: r2 has
+        # no free node for the waiting gang until it ends).
         async with http.delete(f"{r1.api}/v1/jobs/big-gang", headers=ADMIN) as response:
             body = await response.json()
             assert response.status == 202, body
@@ -330,6 +322,15 @@ async def test_two_regions_forward_jobs_survive_a_cut_and_converge(
             lambda b: b is not None and b["state"] == "cancelled",
             DEADLINE_S, "the job cancelled in r2",
         )  # fmt: skip
+
+        # ... and with r2 heard again and its 3 healthy nodes free, the waiting gang goes
+        # there (r1 now has 1).
+        moved = await wait_for_value(
+            functools.partial(try_get, http, f"{r1.api}/v1/jobs/cut-gang"),
+            lambda b: b is not None and b.get("region") == "r2",
+            DEADLINE_S, "the gang queued during the cut to be forwarded to r2",
+        )  # fmt: skip
+        assert moved["status"]["history"][0]["reason"] == "forwarded from r1"
         async with http.delete(f"{r1.api}/v1/jobs/nowhere", headers=ADMIN) as response:
             assert response.status == 404
         assert "cut-gang" not in {j["id"] for j in (await get(http, f"{r1.api}/v1/jobs"))["jobs"]}

@@ -51,7 +51,7 @@ def fleet(region: str, nodes: int) -> list[FleetNode]:
 async def make_region(nc: Client, subjects: Subjects, name: str, nodes: int) -> Region:
     js = nc.jetstream(timeout=5)
     kv = await js.create_key_value(bucket=f"{subjects.prefix.upper()}_JOBS_{name.upper()}")
-    store = JobStore(kv)
+    store = JobStore(kv, js)
     await store.load()
     leading = [True]
     manager = JobManager(

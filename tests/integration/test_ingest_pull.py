@@ -25,7 +25,7 @@ async def setup(nc: Client, subjects: Subjects, n: int) -> Puller:
         await js.publish(subjects.telemetry("r1", "c1", f"n{i}"), b"x")
     config = ConsumerConfig(durable_name=DURABLE, ack_policy=AckPolicy.EXPLICIT)
     await js.add_consumer(subjects.stream_telemetry, config)
-    puller = Puller(js, subjects.stream_telemetry, DURABLE)
+    puller = Puller(nc, subjects.stream_telemetry, DURABLE)
     await puller.start()
     return puller
 
@@ -78,7 +78,7 @@ async def test_a_deleted_consumer_is_reported(nc: Client, subjects: Subjects) ->
 
 
 async def test_fetch_needs_a_subscription(nc: Client, subjects: Subjects) -> None:
-    puller = Puller(nc.jetstream(), subjects.stream_telemetry, DURABLE)
+    puller = Puller.over(nc.jetstream(), subjects.stream_telemetry, DURABLE)
     with pytest.raises(nats.errors.BadSubscriptionError):
         await puller.fetch(1, 0.1)
 

@@ -239,7 +239,7 @@ async def test_a_follower_serves_reads_from_mg_jobs_and_refuses_writes(env: Env)
     created = await env.manager.submit({"name": "x", "command": "python"})
     js = env.nc.jetstream(timeout=5)
     follower = JobManager(
-        env.nc, js, JobStore(await js.key_value(env.subjects.bucket("jobs"))), NoNodes(),
+        env.nc, js, JobStore(await js.key_value(env.subjects.bucket("jobs")), js), NoNodes(),
         env.subjects, "r1", fleet=TopologyView().fleet, leading=lambda: False,
     )  # fmt: skip
     await follower.run_pass()  # a follower's pass only reloads MG_JOBS

@@ -54,7 +54,7 @@ def test_demo_runs_the_scenarios_jobs_and_reports_them(tmp_path: Path) -> None:
     job = jobs[0]
     assert set(job) == {
         "id", "name", "state", "placement", "restarts", "resumed_from_step",
-        "steps_redone", "downtime_s", "digest",
+        "steps_redone", "downtime_s", "digest", "reason",
     }  # fmt: skip
     assert job["name"] == "demo-job"
     assert job["state"] == "succeeded", result.stdout

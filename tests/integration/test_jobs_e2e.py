@@ -104,8 +104,8 @@ class DiesAfterWriting(JobStore):
     """A store whose controller dies right after MG_JOBS records a move's ``phase``: the
     write is durable, the step it announces is never taken by this controller."""
 
-    def __init__(self, kv: Any, phase: str) -> None:
-        super().__init__(kv)
+    def __init__(self, kv: Any, js: Any, phase: str) -> None:
+        super().__init__(kv, js)
         self.phase = phase
         self.died = asyncio.Event()
 
@@ -120,7 +120,7 @@ class DiesAfterWriting(JobStore):
 @pytest.mark.parametrize("phase", ["stopping", "starting"])
 async def test_controller_killed_mid_move_finishes_the_move(env: JobsEnv, phase: str) -> None:
     js = env.nc.jetstream(timeout=5)
-    dying = DiesAfterWriting(await js.key_value(env.subjects.bucket("jobs")), phase)
+    dying = DiesAfterWriting(await js.key_value(env.subjects.bucket("jobs")), js, phase)
     await env.restart_manager(dying)
     job_id = await env.submit("mid-move", STEPS)
     first = await env.wait_state(job_id, {"running"})

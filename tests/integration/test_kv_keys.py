@@ -20,12 +20,12 @@ WRITES = 200
 async def test_every_key_right_after_each_write(nc: Client, subjects: Subjects) -> None:
     js = nc.jetstream(timeout=5)
     kv = await js.create_key_value(bucket=f"{subjects.prefix.upper()}_KEYS_TEST")
-    assert await bucket_keys(kv) == []
+    assert await bucket_keys(js, kv) == []
     for i in range(WRITES):
         await kv.put(f"k{i:03d}", b"x")
-        assert len(await bucket_keys(kv)) == i + 1
+        assert len(await bucket_keys(js, kv)) == i + 1
     await kv.delete("k001")
-    assert "k001" in await bucket_keys(kv)  # a delete marker: readers treat it as absent
+    assert "k001" in await bucket_keys(js, kv)  # a delete marker: readers treat it as absent
     await js.delete_key_value(f"{subjects.prefix.upper()}_KEYS_TEST")
 
 

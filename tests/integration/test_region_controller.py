@@ -451,3 +451,34 @@ async def test_a_sharded_controller_judges_silence_of_its_own_nodes_only(env: En
     assert [(e.kind, e.node) for e in announced] == [("node.unreachable", node("n1"))]
     assert owner_of_c1.store.records["r1.c2.m1"].grade == "HEALTHY"  # not its node
     await owner_of_c1.stop()
+
+
+async def test_silence_counts_only_the_controllers_receiving_time(env: Env) -> None:
+    """A stall of the controller's own intake (no word from ingest) is no node's silence;
+    after it, the backlog first, then a full threshold of receiving time."""
+    clock = ManualClock()
+    controller = await new_controller(env, clock)
+    await feed(controller, clock, [batch("n1", 1), batch("n2", 1)])
+    seen = clock.now  # both last seen here; the threshold is 3 intervals of 5 s
+    controller.on_intake(0)
+    clock.now = seen + 40  # 40 s without a word from ingest: a stall, not silence
+    assert await controller.check_silence() == ()
+    controller.on_intake(120)  # back, with a backlog: still nobody judged
+    clock.now += 1
+    controller.on_intake(30)
+    assert await controller.check_silence() == ()
+    assert controller.intake.catching_up
+    await controller.on_batch(batch("n1", 9), clock.now)  # n1's spooled batches come in
+    controller.on_intake(0)  # drained
+    assert not controller.intake.catching_up
+    for seq in range(10, 24):  # 14 s of receiving time: n1 talks, n2 stays quiet
+        clock.now += 1
+        await controller.on_batch(batch("n1", seq), clock.now)
+        controller.on_intake(0)
+    assert await controller.check_silence() == ()
+    clock.now += 1.5
+    controller.on_intake(0)
+    announced = await controller.check_silence()
+    assert [(e.kind, e.node) for e in announced] == [("node.unreachable", node("n2"))]
+    assert "stalled intake not counted" in announced[0].reasons[0].message
+    await controller.stop()

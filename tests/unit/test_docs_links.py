@@ -33,7 +33,7 @@ _COMMAND = re.compile(
     r"((?: +[a-z][a-z0-9-]*)*)"
 )
 _METRIC = re.compile(r"\bmetalguard_[a-z0-9_]+\b")
-_METRIC_SUFFIXES = ("_bucket", "_sum", "_count", "_created")
+_METRIC_SUFFIXES = ("_bucket", "_sum", "_count", "_created", "_total")
 
 
 def _doc_id(path: Path) -> str:
@@ -119,7 +119,7 @@ def _strip_fences(lines: list[str]) -> Iterator[str]:
 
 def _metric_names_in_code() -> set[str]:
     names: set[str] = set()
-    for package in ("agent", "controller", "proto"):
+    for package in ("agent", "controller", "proto", "metalguard/runtime"):
         for source in (ROOT / package).rglob("*.py"):
             names.update(re.findall(r"[\"'](metalguard_[a-z0-9_]+)[\"']", source.read_text()))
     return names

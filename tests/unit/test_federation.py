@@ -50,9 +50,15 @@ def test_summary_counts_grades_and_gpu_capacity_by_type() -> None:
     assert s.grades["FAILING"] == 1
     assert s.grades["UNREACHABLE"] == 0
     assert s.capacity == (
-        GpuCapacity(gpu_type="", nodes=1, healthy_nodes=1, gpus=0, healthy_gpus=0),
-        GpuCapacity(gpu_type="h100", nodes=3, healthy_nodes=1, gpus=24, healthy_gpus=8),
-    )
+        GpuCapacity(
+            gpu_type="", nodes=1, healthy_nodes=1, gpus=0, healthy_gpus=0, free_nodes=1,
+            free_in={"rack": 1, "cluster": 1, "zone": 1},
+        ),
+        GpuCapacity(
+            gpu_type="h100", nodes=3, healthy_nodes=1, gpus=24, healthy_gpus=8, free_nodes=1,
+            free_in={"rack": 1, "cluster": 1, "zone": 1},
+        ),
+    )  # fmt: skip
     assert (s.queued_jobs, s.running_jobs) == (2, 0)
 
 

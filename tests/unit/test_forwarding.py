@@ -12,10 +12,13 @@ from metalguard.controller.federation.forwarding import (
     effective_latency,
     healthy_fit,
     median,
+    why_no_room,
     why_not,
 )
+from metalguard.controller.federation.view import busy_nodes, summarize
+from metalguard.controller.jobs.scheduler import FleetNode
 from metalguard.proto.federation import GpuCapacity, RegionSummary
-from metalguard.proto.jobs import Job
+from metalguard.proto.jobs import Job, JobStatus
 
 
 def summary(
@@ -26,6 +29,8 @@ def summary(
     gpus: int = 8,
     gpu_type: str = "h100",
     queued: int = 0,
+    free: int | None = None,
+    free_in: dict[str, int] | None = None,
 ) -> RegionSummary:
     total = healthy if nodes is None else nodes
     row = GpuCapacity(
@@ -34,6 +39,8 @@ def summary(
         healthy_nodes=healthy,
         gpus=total * gpus,
         healthy_gpus=healthy * gpus,
+        free_nodes=free,
+        free_in=free_in or {},
     )
     return RegionSummary(
         region=region, ts=0.0, interval_s=5.0, nodes=total, capacity=(row,), queued_jobs=queued
@@ -155,3 +162,96 @@ def test_median() -> None:
     assert median([]) is None
     assert median([3.0, 1.0, 2.0]) == 2.0
     assert median([4.0, 1.0, 2.0, 3.0]) == 2.5
+
+
+# --- free capacity and max_spread --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "row", "reason"),
+    [
+        ({"nodes": 4}, summary("r1", 8, free=4), None),
+        ({"nodes": 4}, summary("r1", 8, free=3), "3 of 8 healthy nodes free, 4 needed"),
+        ({"nodes": 4}, summary("r1", 8, free=0), "0 of 8 healthy nodes free, 4 needed"),
+        ({"nodes": 4}, summary("r1", 8), None),  # an older region: healthy stands in
+        ({"nodes": 9}, summary("r1", 8, free=8), "fewer than 9 healthy nodes"),
+        (
+            {"nodes": 4, "gpus_per_node": 8},
+            summary("r1", 8, free=2),
+            "2 of 8 healthy nodes with >= 8 GPUs free, 4 needed",
+        ),
+        # max_spread: the gang must fit in one group of that level
+        ({"nodes": 4, "max_spread": "rack"}, summary("r1", 8, free=8, free_in={"rack": 4}), None),
+        (
+            {"nodes": 4, "max_spread": "rack"},
+            summary("r1", 8, free=8, free_in={"rack": 3, "cluster": 8, "zone": 8}),
+            "at most 3 free nodes in one rack, 4 needed (max_spread rack)",
+        ),
+        (
+            {"nodes": 6, "max_spread": "cluster", "gpu_type": "h100"},
+            summary("r1", 8, free=8, free_in={"rack": 4, "cluster": 5, "zone": 8}),
+            "at most 5 free nodes of type h100 in one cluster, 6 needed (max_spread cluster)",
+        ),
+        (
+            {"nodes": 6, "max_spread": "zone"},
+            summary("r1", 8, free=8, free_in={"rack": 4, "cluster": 5, "zone": 8}),
+            None,
+        ),
+        ({"nodes": 6, "max_spread": "region"}, summary("r1", 8, free=8, free_in={"rack": 1}), None),
+        # an older region tells no groups: the spread is not judged
+        ({"nodes": 4, "max_spread": "rack"}, summary("r1", 8, free=8), None),
+    ],
+)
+def test_why_no_room(fields: dict[str, Any], row: RegionSummary, reason: str | None) -> None:
+    assert why_no_room(job(**fields), row) == reason
+
+
+def test_a_job_fitting_home_healthy_but_not_free_goes_where_nodes_are_free() -> None:
+    offers = [
+        RegionOffer(summary("r1", 8, free=1), latency_ms=0.0),
+        RegionOffer(summary("r2", 8, free=8), latency_ms=5.0),
+    ]
+    choice = choose_region(job(nodes=4), "r1", offers)
+    assert (choice.region, choice.forward) == ("r2", True)
+    assert choice.reason.startswith("r1: 1 of 8 healthy nodes free, 4 needed")
+
+
+def test_a_region_too_spread_for_the_gang_is_not_chosen() -> None:
+    offers = [
+        RegionOffer(summary("r1", 1, free=1), latency_ms=0.0),
+        RegionOffer(summary("r2", 8, free=8, free_in={"rack": 2}), latency_ms=1.0),
+        RegionOffer(summary("r3", 8, free=8, free_in={"rack": 8}), latency_ms=50.0, stale=False),
+    ]
+    choice = choose_region(job(nodes=4, max_spread="rack"), "r1", offers)
+    assert choice.region == "r3"
+
+
+def _node(i: int, rack: str, *, grade: str = "HEALTHY", gpu_type: str = "h100") -> FleetNode:
+    return FleetNode(
+        handle=f"r1.c1.n{i}", region="r1", cluster="c1", rack=rack, zone="z1",
+        gpus=8, gpu_type=gpu_type, grade=grade,
+    )  # fmt: skip
+
+
+def test_summarize_counts_free_nodes_per_group() -> None:
+    fleet = [
+        *(_node(i, "ra") for i in range(4)),
+        *(_node(i, "rb") for i in range(4, 7)),
+        _node(7, "rb", grade="FAILING"),
+        _node(8, "rc", gpu_type="a100"),
+    ]
+    jobs = {
+        "run": JobStatus(job_id="run", state="running", placement=("r1.c1.n0", "r1.c1.n1")),
+        "done": JobStatus(job_id="done", state="succeeded", placement=("r1.c1.n4",)),
+    }
+    busy = busy_nodes(jobs)
+    assert busy == {"r1.c1.n0", "r1.c1.n1"}
+    got = summarize("r1", {}, fleet, 0.0, 5.0, busy=busy)
+    h100 = next(row for row in got.capacity if row.gpu_type == "h100")
+    assert (h100.nodes, h100.healthy_nodes, h100.free_nodes) == (8, 7, 5)
+    assert h100.free_in == {"rack": 3, "cluster": 5, "zone": 5}
+    a100 = next(row for row in got.capacity if row.gpu_type == "a100")
+    assert (a100.free_nodes, a100.free_in) == (1, {"rack": 1, "cluster": 1, "zone": 1})
+    assert why_no_room(job(nodes=4, max_spread="rack", gpu_type="h100"), got) == (
+        "at most 3 free nodes of type h100 in one rack, 4 needed (max_spread rack)"
+    )

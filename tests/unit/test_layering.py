@@ -29,6 +29,7 @@ PROTO = "proto (the wire contract) imports no agent, controller, demo, cli"
 PURE = "the pure core imports no nats, aiohttp, asyncio, subprocess, socket"
 DEMO = "the demo (and its simulated fleet) is imported by no agent, controller, proto"
 CLI = "nothing imports metalguard.cli, the composition root"
+RUNTIME = "runtime (shared by both) imports no agent, controller, demo, cli"
 
 
 def contract(name: str) -> Contract:
@@ -53,7 +54,7 @@ def graph() -> grimp.ImportGraph:
 
 def test_the_tree_keeps_every_contract(graph: grimp.ImportGraph) -> None:
     names = [c["name"] for c in CONFIG["contracts"]]
-    assert sorted(names) == sorted([INDEPENDENCE, PROTO, PURE, DEMO, CLI])
+    assert sorted(names) == sorted([INDEPENDENCE, PROTO, PURE, DEMO, CLI, RUNTIME])
     broken = [n for n in names if not contract(n).check(graph, verbose=False).kept]
     assert broken == []
 
@@ -76,6 +77,8 @@ def test_the_tree_keeps_every_contract(graph: grimp.ImportGraph) -> None:
         ("metalguard.controller.service", "metalguard.demo.run", DEMO),
         ("metalguard.agent.config", "metalguard.demo.sim.fleet", DEMO),
         ("metalguard.demo.run", "metalguard.cli", CLI),
+        ("metalguard.runtime.looplag", "metalguard.controller.config", RUNTIME),
+        ("metalguard.runtime.looplag", "metalguard.agent.config", RUNTIME),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(

@@ -1,0 +1,236 @@
+"""The shapes of the HTTP API's bodies (docs/api.md) as msgspec Structs: what the handlers
+answer where no wire message fits, and the request bodies they read.
+
+controller/api/openapi.py turns them (with the wire messages they embed: NodeRecord,
+ControllerEvent, JobStatus, QosProfile, ...) into the OpenAPI document's schemas.  A
+field that is absent from some answers is ``UNSET`` (left out of the JSON).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from metalguard.proto.base import Reason
+from metalguard.proto.events import ControllerEvent
+from metalguard.proto.jobs import JobState, JobStatus
+from metalguard.proto.nodes import Grade, NodeRecord
+from metalguard.proto.qos import QosProfile
+from metalguard.proto.telemetry import BmcReading, QosInterfaceStatus
+
+MAX_REASON = 500
+MAX_WHO = 64
+
+
+class Shape(msgspec.Struct, frozen=True, kw_only=True):
+    """An API body (not a wire message: no ``type`` tag, no ``v``)."""
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+class ErrorDetail(Shape, frozen=True):
+    """What went wrong: a stable ``code``, a message for people, and for an invalid
+    document every ``reasons`` found."""
+
+    code: str
+    message: str
+    reasons: list[str] | UnsetType = UNSET
+
+
+class ErrorBody(Shape, frozen=True):
+    """Every 4xx and 5xx answer: ``{"error": {"code", "message"}}``."""
+
+    error: ErrorDetail
+
+
+# --- health and leadership -------------------------------------------------------------
+
+
+class Health(Shape, frozen=True):
+    """``GET /healthz``: the process serves HTTP; from ``controller run`` who leads."""
+
+    status: Literal["ok"]
+    leading: bool | UnsetType = UNSET
+    leader: str | UnsetType | None = UNSET
+    region: str | UnsetType = UNSET
+    self_: str | UnsetType = msgspec.field(default=UNSET, name="self")
+
+
+class LeaderAnswer(Shape, frozen=True):
+    """``GET /v1/leader``: without ``[ha]`` only ``ha`` (false) and ``leading``."""
+
+    ha: bool
+    leading: bool
+    region: str | UnsetType = UNSET
+    leader: str | UnsetType | None = UNSET
+    self_: str | UnsetType = msgspec.field(default=UNSET, name="self")
+    term: int | UnsetType | None = UNSET
+    revision: int | UnsetType | None = UNSET
+    expires_in_s: float | UnsetType | None = UNSET
+
+
+# --- nodes -----------------------------------------------------------------------------
+
+
+class NodeSummary(Shape, frozen=True):
+    """A node's line in ``GET /v1/nodes``."""
+
+    handle: str
+    region: str
+    cluster: str
+    node: str
+    rack: str
+    grade: Grade
+    score: float
+    cordoned: bool
+    maintenance: bool
+    held: bool
+    last_seen_ts: float | None
+    reasons: list[Reason]
+
+
+class NodeList(Shape, frozen=True):
+    """``GET /v1/nodes``: sorted by handle."""
+
+    nodes: list[NodeSummary]
+
+
+class CounterSamples(Shape, frozen=True):
+    """One counter's recent samples ``[ts, value]`` (oldest first) and its resets."""
+
+    samples: list[tuple[float, float]]
+    resets: int
+
+
+class BmcAnswer(Shape, frozen=True):
+    """The newest out-of-band word of a node's BMC (docs/bmc.md)."""
+
+    received_ts: float
+    power_on: bool | None
+    health: Literal["ok", "warning", "critical", "unreachable", ""]
+    readings: list[BmcReading]
+
+
+class NodeDetail(Shape, frozen=True):
+    """``GET /v1/nodes/{node}``: the record, signals, QoS verdicts, scores, BMC word."""
+
+    handle: str
+    record: NodeRecord
+    signals: dict[str, CounterSamples]
+    qos: list[QosInterfaceStatus]
+    scores: list[tuple[float, float]]
+    bmc: BmcAnswer | UnsetType = UNSET
+
+
+class OperatorRequest(Shape, frozen=True):
+    """The body of ``POST /v1/nodes/{node}/cordon|uncordon|maintenance``."""
+
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REASON, pattern=r"\S")]
+    who: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_WHO, pattern=r"\S")] = "api"
+
+
+class ActionAnswer(Shape, frozen=True):
+    """An operator action's answer: the events it announced (none when nothing changed)
+    and the node's record after it."""
+
+    handle: str
+    action: Literal["cordon", "uncordon", "maintenance"]
+    events: list[ControllerEvent]
+    record: NodeRecord
+
+
+class NodeByUuid(Shape, frozen=True):
+    """``GET /v1/nodes/by-uuid/{uuid}``: the node, from whichever region knows it."""
+
+    uuid: str
+    region: str
+    handle: str
+    record: NodeRecord
+
+
+class FleetRegion(Shape, frozen=True):
+    """One region's line in ``GET /v1/fleet``: its RegionSummary's fields (docs/federation.md)
+    and how this controller sees it."""
+
+    region: str
+    age_s: float
+    stale: bool
+    latency_ms: float | None
+    rtt_ms: float | None
+    nodes: int | UnsetType = UNSET
+
+
+class FleetAnswer(Shape, frozen=True):
+    """``GET /v1/fleet``: this region and every region heard."""
+
+    region: str
+    regions: list[FleetRegion]
+
+
+# --- events ----------------------------------------------------------------------------
+
+
+class EventPage(Shape, frozen=True):
+    """``GET /v1/events/history``: ControllerEvents with their stream ``seq``, oldest first."""
+
+    events: list[ControllerEvent]
+    last_seq: int | None
+    more: bool
+
+
+# --- jobs ------------------------------------------------------------------------------
+
+
+class JobSummary(Shape, frozen=True):
+    """A job's line in ``GET /v1/jobs``."""
+
+    id: str
+    name: str
+    tenant: str
+    priority: int
+    nodes: int
+    state: JobState
+    placement: list[str]
+    restarts: int
+    step: int | None
+    last_checkpoint_step: int | None
+    reason: str
+    updated_ts: float
+
+
+class JobList(Shape, frozen=True):
+    """``GET /v1/jobs``: oldest first."""
+
+    jobs: list[JobSummary]
+
+
+class JobDetail(JobSummary, frozen=True):
+    """One job: its summary, the whole stored JobStatus and, with federation, its region."""
+
+    status: JobStatus
+    region: str | UnsetType = UNSET
+
+
+# --- QoS -------------------------------------------------------------------------------
+
+
+class ProfileEntry(Shape, frozen=True):
+    """One stored revision of a QoS profile key."""
+
+    key: str
+    revision: int
+    version: int
+    profile: QosProfile
+
+
+class ProfileAnswer(ProfileEntry, frozen=True):
+    """``GET``/``PUT /v1/qos/...``: the profile served and where it is stored."""
+
+    cluster: str
+    node: str | None
+    source: Literal["cluster", "node"]
+    history: list[ProfileEntry] | UnsetType = UNSET
+    previous_version: int | UnsetType | None = UNSET
