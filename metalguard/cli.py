@@ -103,10 +103,24 @@ def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="no browser to wait for: run --duration (default 120 s) and exit",
     )
     demo.add_argument(
-        "--http", default="127.0.0.1:8480", help="API listen address (a free port if taken)"
+        "--http",
+        default="127.0.0.1:8480",
+        type=_listen_address,
+        help="API listen address, host:port or [v6]:port (a free port if taken)",
     )
     demo.add_argument("--prefix", default="mg", help="subject prefix (default: mg)")
     demo.set_defaults(func=_run_demo)
+
+
+def _listen_address(text: str) -> str:
+    """``--http``: checked like ``[http] listen`` (argparse exits 2 with the problem)."""
+    from metalguard.proto.addresses import AddressError, parse_listen
+
+    try:
+        parse_listen(text)
+    except AddressError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _run_controller_setup(args: argparse.Namespace) -> int:

@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 from metalguard.controller.ingest.dispatch import NodeDispatcher
 from metalguard.controller.ingest.handler import IngestHandler
 from metalguard.controller.ingest.metrics import IngestMetrics, IngestStats, RateLimiter
-from metalguard.controller.ingest.pull import Puller
+from metalguard.controller.ingest.pull import Puller, context_parts
 from metalguard.controller.ingest.settings import (
     IngestSettings,
     StreamKind,
@@ -526,8 +526,8 @@ class Ingest:
         }
         if seq:
             headers["Nats-Msg-Id"] = f"{route.stream}-{seq}"
-        # nats-py keeps the client as ``_nc`` (as pull.py reads it); 1 MiB: NATS's default.
-        max_payload = getattr(getattr(self._js, "_nc", None), "max_payload", 0) or 1024 * 1024
+        # The server's limit (its INFO; 1 MiB, NATS's default, before one was heard).
+        max_payload = context_parts(self._js)[0].max_payload or 1024 * 1024
         data = dead_letter_payload(msg.data, headers, max_payload)
         try:
             await self._js.publish(self._subjects.dead_letter(route.stream), data, headers=headers)

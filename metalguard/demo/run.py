@@ -72,6 +72,7 @@ from metalguard.demo.sim.scenario import (
     unknown_nodes,
 )
 from metalguard.demo.stopping import Stopper
+from metalguard.proto.addresses import parse_listen
 from metalguard.proto.codec import CodecError, decode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.nodes import NodeRecord
@@ -350,11 +351,12 @@ async def _play(fleet: DemoFleet, scenario: Scenario | None, journal: _Journal) 
 
 
 async def _serve_api(app: web.Application, listen: str) -> tuple[web.AppRunner, str]:
-    host, _, port = listen.rpartition(":")
+    where = parse_listen(listen)
+    host, port = where.host, where.port or 0
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, int(port)).start()
+        await web.TCPSite(runner, host, port).start()
     except OSError:
         await web.TCPSite(runner, host, 0).start()  # the port is taken: any free one
     server = runner.addresses[0]

@@ -2,7 +2,8 @@
 connection and API prefix (``controller/ingest/pull.py``, :func:`context_parts`). nats-py
 is pinned to the range tested here (pyproject.toml); a release that moves them fails this
 test loudly, before any pull does. Everything else uses nats-py's public API: this test
-also reads the pull and KV-key modules and finds no other private access."""
+also reads the pull, ingest-consumer and KV-key modules and finds no other private
+access."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.js.api import DEFAULT_PREFIX
 
-from metalguard.controller.ingest import pull
+from metalguard.controller.ingest import consumer, pull
 from metalguard.controller.ingest.pull import Puller, context_parts
 from metalguard.controller.state import kv_keys
 
@@ -32,7 +33,7 @@ def test_a_puller_over_a_context_asks_its_prefix() -> None:
 
 
 def test_no_other_private_nats_attribute_is_read() -> None:
-    for module in (pull, kv_keys):
+    for module in (pull, consumer, kv_keys):
         source = Path(str(module.__file__)).read_text()
         foreign = re.findall(r"\b(?:js|kv|nc|sub|msg)\._[a-z]\w*", source)
         allowed = ["js._nc", "js._prefix"] if module is pull else []
