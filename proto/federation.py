@@ -49,13 +49,19 @@ class NodeLookup(Message, frozen=True, tag="node_lookup"):
 
 
 class NodeLookupReply(Message, frozen=True, tag="node_lookup_reply"):
-    """The answer: the node's region, handle and record, or ``found`` false."""
+    """The answer: the node's region, handle and record, or ``found`` false.  Also the
+    answer to a request on ``<p>.fed.lookup.<region>`` that is no lookup at all (``error``
+    ``rejected``, ``reasons`` why)."""
 
     uuid: str
     found: bool
     region: str = ""
     handle: str = ""
     record: NodeRecord | None = None
+    error: str = ""
+    """``rejected`` when the request was undecodable or not a lookup; empty otherwise.
+    Optional: older controllers neither send nor read it."""
+    reasons: tuple[str, ...] = ()
 
 
 class JobForward(Message, frozen=True, tag="job_forward"):

@@ -43,6 +43,8 @@ REMEDIABLE: Final = frozenset({"redfish", "ipmi"})
 
 def check_command(cmd: Command, verb: str, target: BmcTarget, now: float) -> str | None:
     """Why ``cmd`` received on ``verb`` for ``target`` must be rejected, or None (pure)."""
+    if not cmd.command_id.strip():
+        return "command_id is empty: a command needs an id to run once"
     sent_for = cmd.node.handle
     if sent_for != node_handle(*target.region_cluster_node()):
         return f"command for {sent_for} on {target.node}'s subject"
@@ -73,6 +75,13 @@ class BmcCommandService:
         self._wall = wall_clock
         self._tasks: set[asyncio.Task[None]] = set()
         self.link = AnsweringConnection(nats, self._subscribe, "bmc-commands")
+        self.executed = 0
+        """Commands handed to the remediator (repeated ids included: it answers those)."""
+        self.rejected = 0
+        """Messages answered ``rejected`` unexecuted (undecodable, or a bad command)."""
+        self.failed = 0
+        """Commands answered ``failed`` because the remediator raised (an internal error:
+        the outcome store unwritable, say); a BMC failure is an outcome, not counted here."""
 
     @property
     def nodes(self) -> list[str]:
@@ -132,11 +141,25 @@ class BmcCommandService:
         why = check_command(cmd, verb, target, self._wall())
         if why is not None:
             return self._rejected(cmd.command_id, why)
-        outcome = await self._remediator.execute(cmd.command_id, target, VERBS[verb])
+        self.executed += 1
+        try:
+            outcome = await self._remediator.execute(cmd.command_id, target, VERBS[verb])
+        except Exception as exc:  # e.g. the outcome store unwritable: still answer
+            log.exception("bmc %s %s on %s failed", verb, cmd.command_id, target.node)
+            self.failed += 1
+            return CommandReply(
+                command_id=cmd.command_id,
+                ts=self._wall(),
+                ok=False,
+                status=CommandStatus.FAILED,
+                message=f"internal error: {type(exc).__name__}: {exc}",
+            )
         log.info("bmc %s on %s: %s", verb, target.node, outcome.message)
         return to_reply(outcome)
 
     def _rejected(self, command_id: str, message: str) -> CommandReply:
+        self.rejected += 1
+        log.debug("bmc command %r rejected: %s", command_id, message)
         return CommandReply(
             command_id=command_id,
             ts=self._wall(),

@@ -11,6 +11,11 @@ Every controller keeps the newest summary of each region it has heard (a
 ``STALE_INTERVALS`` of its interval is *stale* — a region cut off from the others keeps
 working on its own and shows the others as stale until the gateway returns, when the
 next summaries make the views converge.  The pure parts live in view.py.
+
+A bad message on any of the three (undecodable, of another type, a summary on another
+region's subject, a forwarded job that would not pass a submit here) is counted in
+:attr:`Federation.bad_messages`, logged once per subject kind per ``BAD_LOG_INTERVAL_S``
+and, on the two request subjects, answered ``rejected`` with the reason.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from nats.errors import Error as NatsError
 
 from metalguard.controller.federation.forwarding import RegionOffer, effective_latency, median
 from metalguard.controller.federation.view import FleetView, find_uuid, summarize
+from metalguard.controller.ingest.metrics import RateLimiter
 from metalguard.controller.jobs.scheduler import FleetNode
+from metalguard.controller.jobs.spec import job_problems
 from metalguard.proto.codec import CodecError, decode, encode
 from metalguard.proto.federation import (
     JobCancel,
@@ -59,6 +66,10 @@ FORWARD_TRIES = 3
 RTT_SAMPLES = 5
 """Round trips kept per region; the measured latency is their median."""
 SUBMIT_QUEUE = "metalguard-fed-submit"
+BAD_LOG_INTERVAL_S = 60.0
+"""Bad messages are logged once per subject kind per this interval (all are counted)."""
+MAX_REASON = 300
+"""The longest reason logged or answered for a bad message (characters)."""
 
 RecordsOf = Callable[[], Mapping[str, NodeRecord]]
 FleetOf = Callable[[], Iterable[FleetNode]]
@@ -116,6 +127,9 @@ class Federation:
         self._submit_sub: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._published = asyncio.Event()
+        self.bad_messages: dict[str, int] = {"summary": 0, "lookup": 0, "submit": 0}
+        """Bad messages taken on each subject kind (ignored or answered ``rejected``)."""
+        self._bad_log = RateLimiter(BAD_LOG_INTERVAL_S, clock)
 
     async def start(self) -> None:
         """Listen to every region's summaries, answer lookups, start publishing."""
@@ -333,20 +347,32 @@ class Federation:
             parsed = self._subjects.parse(msg.subject)
             summary = decode(msg.data, RegionSummary)
         except (SubjectError, CodecError) as exc:
-            log.warning("federation: ignoring %s: %s", msg.subject, exc)
+            self._bad("summary", msg.subject, str(exc))
             return
         if not isinstance(parsed, FedSummarySubject) or parsed.region != summary.region:
-            log.warning("federation: %s carries region %r", msg.subject, summary.region)
+            self._bad("summary", msg.subject, f"carries region {summary.region!r}")
             return
         self.view.take(summary, self._clock())
 
+    def _bad(self, kind: str, subject: str, reason: str) -> str:
+        """Count a bad message on ``kind``'s subject, log it (once per kind per interval);
+        the reason, shortened, for an answer."""
+        reason = " ".join(reason.split())[:MAX_REASON]
+        self.bad_messages[kind] = self.bad_messages.get(kind, 0) + 1
+        suppressed = self._bad_log.allow(kind)
+        if suppressed is not None:
+            more = f" ({suppressed} more bad {kind} messages since)" if suppressed else ""
+            log.warning("federation: bad %s message on %s: %s%s", kind, subject, reason, more)
+        return reason
+
     async def _on_lookup(self, msg: Msg) -> None:
-        try:
-            asked = decode(msg.data)
-        except CodecError as exc:
-            log.warning("federation: bad lookup on %s: %s", msg.subject, exc)
-            return
         answer: NodeLookupReply | JobLookupReply | RegionPing
+        try:
+            asked: object = decode(msg.data)
+        except CodecError as exc:
+            asked, why = None, str(exc)
+        else:
+            why = f"a {type(asked).__name__} is not a lookup"
         if isinstance(asked, NodeLookup):
             answer = find_uuid(self.region, self._records(), asked.uuid)
         elif isinstance(asked, JobLookup):
@@ -357,8 +383,10 @@ class Federation:
         elif isinstance(asked, RegionPing):
             answer = RegionPing(region=self.region, ts=self._clock())
         else:
-            log.warning("federation: %s is not a lookup (%s)", msg.subject, type(asked).__name__)
-            return
+            reason = self._bad("lookup", msg.subject, why)
+            answer = NodeLookupReply(
+                uuid="", found=False, region=self.region, error="rejected", reasons=(reason,)
+            )
         if msg.reply:
             with contextlib.suppress(NatsError):
                 await msg.respond(encode(answer))
@@ -367,12 +395,19 @@ class Federation:
         try:
             forwarded = decode(msg.data, JobForward | JobCancel)  # type: ignore[arg-type]
         except CodecError as exc:
-            log.warning("federation: bad forwarded job on %s: %s", msg.subject, exc)
+            reason = self._bad("submit", msg.subject, str(exc))
             reply = JobForwardReply(
-                ok=False, region=self.region, error="rejected", reasons=(str(exc),)
+                ok=False, region=self.region, error="rejected", reasons=(reason,)
             )
         else:
-            if self.accept is None:
+            problems = job_problems(forwarded.job) if isinstance(forwarded, JobForward) else []
+            if problems:  # a job a submit here would refuse: never queued unchecked
+                self._bad("submit", msg.subject, "; ".join(problems))
+                reasons = tuple(p[:MAX_REASON] for p in problems)
+                reply = JobForwardReply(
+                    ok=False, region=self.region, error="rejected", reasons=reasons
+                )
+            elif self.accept is None:
                 reply = JobForwardReply(ok=False, region=self.region, error="unavailable")
             else:
                 reply = await self.accept(forwarded)

@@ -52,7 +52,7 @@ from metalguard.proto.codec import CodecError, decode, encode
 from metalguard.proto.events import Command, CommandReply, ControllerEvent, NodeEvent
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, CheckpointRef, Job, JobStatus
 from metalguard.proto.nodes import NodeRecord
-from metalguard.proto.subjects import Subjects
+from metalguard.proto.subjects import NodeEventSubject, SubjectError, Subjects
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,9 @@ class JobManager:
         self._task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sub: Any = None
+        self.bad_events = 0
+        """Node events not taken: undecodable, or a job event whose payload names another
+        node than its subject (the ingest consumer dead-letters both)."""
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -435,8 +438,12 @@ class JobManager:
         try:
             event = decode(msg.data, NodeEvent)
         except CodecError:
+            self.bad_events += 1  # ingest dead-letters (and logs) the same message
             return
         if not event.kind.startswith("job_") or not self._leading():
+            return
+        if not on_its_subject(self._subjects, msg.subject, event):
+            self.bad_events += 1  # another node's report: ingest dead-letters it too
             return
         job_id = event.attributes.get("job_id") or event.device
         status = self._live.get(str(job_id))
@@ -486,6 +493,19 @@ class RefusalLog:
             " [permanent]" if reply.result.get("permanent") is True else "",
         )  # fmt: skip
         return True
+
+
+def on_its_subject(subjects: Subjects, subject: str, event: NodeEvent) -> bool:
+    """Whether ``event`` came on its own node's event subject (pure): a node reports on
+    its own members only."""
+    try:
+        parsed = subjects.parse(subject)
+    except SubjectError:
+        return False
+    n = event.node
+    return isinstance(parsed, NodeEventSubject) and (
+        (parsed.region, parsed.cluster, parsed.node) == (n.region, n.cluster, n.node)
+    )
 
 
 def handed_over_ok(status: JobStatus) -> bool:

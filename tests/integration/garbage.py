@@ -40,15 +40,20 @@ def drawn_bytes(n: int) -> list[bytes]:
 
 def wrong_types(msg: msgspec.Struct) -> list[bytes]:
     """``msg`` encoded with each top-level field (the tag aside) replaced by a value of
-    another type."""
+    another type; one that still decodes (``"x"`` for a ``str | None``) is left out: it
+    is a valid message."""
     raw: dict[str, Any] = msgspec.to_builtins(msg)
     out = []
     for key in raw:
         if key == "type":
             continue
         value = raw[key]
-        wrong: Any = "x" if not isinstance(value, str) else [1, 2]
-        out.append(msgspec.msgpack.encode({**raw, key: wrong}))
+        wrong: Any = [1, 2] if isinstance(value, str) else "x" if value is not None else [[1]]
+        data = msgspec.msgpack.encode({**raw, key: wrong})
+        try:
+            msgspec.msgpack.decode(data, type=type(msg))
+        except msgspec.ValidationError:
+            out.append(data)
     return out
 
 

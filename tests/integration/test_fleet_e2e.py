@@ -30,7 +30,9 @@ from tests.waiting import wait_until
 REGION, CLUSTER = "r1", "c1"
 RACKS, PER_RACK = 5, 10  # 50 nodes in one cluster: the rail allows 5 isolations an hour
 INTERVAL_S = 1.0
-ISOLATION_DEADLINE_S = 2.0
+ISOLATION_DEADLINE_S = 10.0
+"""A deadline, not a measurement (the time is printed; bench/ measures it): ~0.5-1.7 s
+here, more on a loaded 2-core machine."""
 
 
 @dataclass
@@ -120,7 +122,7 @@ async def test_fleet_faults_become_explained_decisions(
             "all 50 nodes graded HEALTHY",
         )
 
-        # 1. A new uncorrectable ECC error -> node.isolated within 2 s, reason names the DIMM.
+        # 1. A new uncorrectable ECC error -> node.isolated, the reason names the DIMM.
         victim = names[0]
         fleet.apply("ecc_ue", victim)
         applied_at = time.monotonic()

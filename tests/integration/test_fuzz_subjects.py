@@ -8,16 +8,20 @@ and dead-lettered (ingest), answered with an error (commands, forwarded jobs) or
 Subjects (proto/subjects.py): ``<p>.tel.>`` and ``<p>.evt.>`` (the controller's ingest
 consumers), ``<p>.cmd.<r>.<c>.<n>.<verb>`` (the agent's workload verbs),
 ``<p>.fed.summary.*``, ``<p>.fed.lookup.<r>``, ``<p>.fed.submit.<r>`` (federation), and
-the agent's watch of its keys in ``<P>_QOS``.
+the agent's watch of its keys in ``<P>_QOS``.  The other listeners (the bmc-proxy's
+verbs, the job manager's job events, the control stream's readers) are fuzzed in
+tests/integration/test_fuzz_listeners.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from nats.aio.client import Client
 
@@ -27,8 +31,14 @@ from metalguard.agent.workload.runner import Runner, RunnerSettings
 from metalguard.controller.federation.service import Federation
 from metalguard.controller.ingest.consumer import Ingest, IngestSettings
 from metalguard.proto.base import NodeIdentity
-from metalguard.proto.codec import decode, encode
-from metalguard.proto.events import Command, CommandReply, CommandStatus, NodeEvent
+from metalguard.proto.codec import CodecError, decode, encode
+from metalguard.proto.events import (
+    Command,
+    CommandReply,
+    CommandStatus,
+    ControllerEvent,
+    NodeEvent,
+)
 from metalguard.proto.federation import (
     JobForward,
     JobForwardReply,
@@ -47,6 +57,7 @@ from tests.waiting import wait_for_value, wait_until
 REGION = "r1"
 DEADLINE_S = 30.0
 REPLY_S = 5.0
+T0 = 1_767_225_600.0
 
 
 def ident(node: str) -> NodeIdentity:
@@ -234,6 +245,7 @@ async def federation(nc: Client, subjects: Subjects) -> AsyncIterator[tuple[Fede
         fleet=lambda: [],
         interval_s=60.0,
         accept=jobs.accept,
+        clock=lambda: T0,  # one log line per kind: the interval never passes
     )
     await fed.start()
     try:
@@ -243,16 +255,21 @@ async def federation(nc: Client, subjects: Subjects) -> AsyncIterator[tuple[Fede
 
 
 async def test_federation_subjects_survive_bad_messages(
-    nc: Client, subjects: Subjects, federation: tuple[Federation, FakeJobs]
+    nc: Client,
+    subjects: Subjects,
+    federation: tuple[Federation, FakeJobs],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="metalguard.controller.federation.service")
     fed, jobs = federation
     summary = RegionSummary(region="r2", ts=1.0, interval_s=5.0, nodes=3)
     job = Job(job_id="j-1", name="llm", command="python")
     forward = JobForward(job=job, origin="r2")
     lookup = NodeLookup(uuid="u-1")
 
-    # Summaries: the bad are ignored, every valid one is taken in.
-    bad_summaries = bad_messages(summary, lookup, 50)
+    # Summaries: the bad are ignored (counted), every valid one is taken in.
+    elsewhere = RegionSummary(region="r3", ts=1.0, interval_s=5.0, nodes=3)  # on r2's subject
+    bad_summaries = [*bad_messages(summary, lookup, 50), encode(elsewhere)]
     for i, data in enumerate(bad_summaries):
         await nc.publish(subjects.fed_summary("r2"), data)
         await nc.publish(
@@ -269,9 +286,25 @@ async def test_federation_subjects_survive_bad_messages(
         DEADLINE_S,
         "the last valid summary",
     )
+    await wait_until(
+        lambda: fed.bad_messages["summary"] == len(bad_summaries) + 1,  # the oversized too
+        DEADLINE_S,
+        "every bad summary counted",
+    )
+    assert "r3" not in fed.view.regions
 
-    # Forwarded jobs: every bad one answered `rejected`, every valid one accepted.
-    bad_forwards = [*bad_messages(forward, lookup, 50), oversized(nc.max_payload, 4096)]
+    # Forwarded jobs: every bad one answered `rejected`, every valid one accepted; a job
+    # that a submit here would refuse is never handed on.
+    unfit = [
+        Job(job_id="a.b", name="llm", command="python"),  # not a KV key nor a token
+        Job(job_id="j-x", name="llm", command=" "),
+        Job(job_id="j-y", name="llm", command="python", env={"MG_RANK": "3"}),
+    ]
+    bad_forwards = [
+        *bad_messages(forward, lookup, 50),
+        oversized(nc.max_payload, 4096),
+        *(encode(JobForward(job=j, origin="r2")) for j in unfit),
+    ]
     for i, data in enumerate(bad_forwards):
         msg = await nc.request(subjects.fed_submit(REGION), data, timeout=REPLY_S)
         reply = decode(msg.data, JobForwardReply)
@@ -284,13 +317,23 @@ async def test_federation_subjects_survive_bad_messages(
         assert ok.ok
     assert [f.job.job_id for f in jobs.accepted] == [f"j-{i}" for i in range(len(jobs.accepted))]
     assert len(jobs.accepted) == len(bad_forwards)
+    assert fed.bad_messages["submit"] == len(bad_forwards)
 
-    # Lookups: bad ones go unanswered (the asker times out); valid ones are answered.
-    for data in bad_messages(lookup, summary, 30):
-        await nc.publish(subjects.fed_lookup(REGION), data)
+    # Lookups: every bad one answered `rejected` with the reason; valid ones answered.
+    bad_lookups = [*bad_messages(lookup, summary, 30), oversized(nc.max_payload, 4096)]
+    for data in bad_lookups:
+        msg = await nc.request(subjects.fed_lookup(REGION), data, timeout=REPLY_S)
+        rejected = decode(msg.data, NodeLookupReply)
+        assert (rejected.found, rejected.error, rejected.region) == (False, "rejected", REGION)
+        assert rejected.reasons, rejected
+        assert rejected.reasons[0], rejected
         answer = decode((await nc.request(subjects.fed_lookup(REGION), encode(lookup))).data)
         assert isinstance(answer, NodeLookupReply)
-        assert not answer.found
+        assert (answer.uuid, answer.found, answer.error) == ("u-1", False, "")
+    assert fed.bad_messages["lookup"] == len(bad_lookups)
+    # Logged once per kind, not once per message.
+    logged = [r.getMessage() for r in caplog.records if "federation: bad" in r.getMessage()]
+    assert [m.split()[2] for m in logged] == ["summary", "submit", "lookup"], logged
     asked = encode(RegionPing(region="r2", ts=1.0))
     ping = decode((await nc.request(subjects.fed_lookup(REGION), asked)).data)
     assert isinstance(ping, RegionPing)
@@ -345,6 +388,23 @@ async def test_the_qos_watch_reports_bad_values_and_takes_every_valid_one(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    "valid",
+    [
+        ControllerEvent(event_id="e", ts=0.0, region="r1", kind="node.cordoned"),
+        Command(command_id="c", ts=0.0, node=ident("n0"), verb="status"),
+        NodeLookup(uuid="u"),
+        JobForward(job=Job(job_id="j", name="n", command="python"), origin="r2"),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_no_bad_message_is_a_valid_one(valid: msgspec.Struct) -> None:
+    """A ``str | None`` field set to a string is no wrong type: such are left out."""
+    for data in bad_messages(valid, RegionPing(region="r", ts=0.0), 20):
+        with pytest.raises(CodecError):
+            decode(data, type(valid))
 
 
 def test_the_garbage_is_the_same_every_run() -> None:

@@ -63,8 +63,9 @@ async def test_a_job_that_always_crashes_fails_without_blocking_the_fleet(env: J
     failed = await env.wait_state(crasher, TERMINAL_JOB_STATES, 60)
     assert failed.state == "failed"
     assert "restart budget of 2 spent" in failed.reason
+    # The events follow the KV write through the outbox: wait for them, then count.
+    await wait_until(lambda: bool(env.of("job.failed", crasher)), 30, "job.failed")
     assert len(env.of("job.crashed", crasher)) == 3
-    assert env.of("job.failed", crasher)
     ok = await env.wait_state(good, TERMINAL_JOB_STATES, 60)
     assert ok.state == "succeeded"
     assert ok.restarts == 0  # never disturbed by its neighbour's crashes
