@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from metalguard.agent.batch import CycleResult
@@ -40,6 +41,8 @@ class _Slot:
     next_due: float = 0.0
     last: Collected | None = None
     running: asyncio.Task[tuple[Collected, CollectorRun]] | None = None
+    expedited: bool = False
+    """Run in the next cycle whatever its schedule (:meth:`Collection.expedite`)."""
 
 
 def resolve_enabled(enabled: tuple[str, ...] | None) -> list[str]:
@@ -88,8 +91,20 @@ class Collection:
         """How often the agent must wake: the shortest collector or batch interval."""
         return min([self._base_interval_s, *(s.interval_s for s in self._slots.values())])
 
+    def expedite(self, names: Iterable[str]) -> bool:
+        """Run these collectors in the next cycle, before they are due (a device came or
+        went: their readings may be stale).  One still running runs again after it ends.
+        Names not in this collection are ignored; True when one of them is in it."""
+        found = False
+        for name in names:
+            slot = self._slots.get(name)
+            if slot is not None:
+                slot.expedited = found = True
+        return found
+
     async def run_cycle(self, *, force: bool = False) -> CycleResult:
-        """Run every due collector (all when ``force``) concurrently; never raises."""
+        """Run every due (or expedited) collector, all when ``force``, concurrently;
+        never raises."""
         now = self._clock()
         errors: list[CollectorError] = []
         due: dict[str, _Slot] = {}
@@ -100,7 +115,8 @@ class Collection:
                         CollectorError(collector=name, message="previous run still in progress")
                     )
                 continue
-            if force or now >= slot.next_due:
+            if force or slot.expedited or now >= slot.next_due:
+                slot.expedited = False
                 slot.next_due = now + slot.interval_s
                 slot.running = asyncio.create_task(run_guarded(slot.collector), name=name)
                 due[name] = slot

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from metalguard.proto.telemetry import TelemetryBatch
+from metalguard.proto.telemetry import RdmaPort, TelemetryBatch
+
+RDMA_ERROR_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors")
+"""The error counters an ``rdma`` line shows (``-``: the port has no such counter)."""
 
 
 def _n(value: object) -> str:
@@ -70,6 +73,7 @@ def render_text(batch: TelemetryBatch) -> str:
                 f"        {s.kind} {s.name}: {_n(s.value)}{unit} {s.status or '-'} "
                 f"(crit {_n(s.lower_critical)}..{_n(s.upper_critical)})"
             )
+    lines.extend(_rdma_line(port) for port in batch.rdma)
     for run in batch.collectors:
         ok = "ok" if run.success else "FAILED"
         lines.append(f"run   {run.collector}: {ok} in {run.duration_s * 1000:.1f} ms")
@@ -77,3 +81,14 @@ def render_text(batch: TelemetryBatch) -> str:
         where = f" {err.path}" if err.path else ""
         lines.append(f"error {err.collector}{where}: {err.message}")
     return "\n".join(lines) + "\n"
+
+
+def _rdma_line(port: RdmaPort) -> str:
+    """One RDMA port: state, physical state, rate, link layer, netdev, error counters."""
+    rate = "-" if port.rate_gbps is None else f"{port.rate_gbps:g} Gb/s"
+    counters = " ".join(f"{c}={_n(port.counters.get(c))}" for c in RDMA_ERROR_COUNTERS)
+    flag = f"  SATURATED {','.join(port.saturated)}" if port.saturated else ""
+    return (
+        f"rdma  {port.device}/{port.port} {port.state or '-'} {port.phys_state or '-'} "
+        f"{rate} {port.link_layer or '-'} netdev={port.netdev or '-'} {counters}{flag}"
+    )

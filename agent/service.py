@@ -16,13 +16,13 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nats.js import JetStreamContext
 
-from metalguard.agent.batch import build_batch
+from metalguard.agent.batch import CycleResult, build_batch
 from metalguard.agent.collection import Collection, UnknownCollectorError, resolve_enabled
 from metalguard.agent.config import AgentConfig, ConfigError, load_config
 from metalguard.agent.events import detect_events
@@ -35,18 +35,23 @@ from metalguard.agent.spool import Spool, SpoolError
 
 if TYPE_CHECKING:
     from metalguard.agent.bmc.proxy import ProxyService
+    from metalguard.agent.collectors.udev import MonitorLike
     from metalguard.agent.qos.reconciler import QosReconciler
     from metalguard.agent.workload.service import WorkloadService
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import Subjects
-from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
+from metalguard.proto.telemetry import QosInterfaceStatus, RdmaPort, TelemetryBatch
 
 log = logging.getLogger(__name__)
 
 FLUSH_TIMEOUT_S = 10.0
 """How long SIGTERM waits for queued messages to be acknowledged before spooling them
 (well inside the unit's TimeoutStopSec)."""
+
+
+RDMA_COLLECTOR = "rdma"
+"""The collector whose fresh readings the QoS reconciler's DCQCN check takes."""
 
 
 def _new_event_id() -> str:
@@ -64,10 +69,13 @@ class AgentService:
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         env: dict[str, str] | None = None,
+        udev_opener: Callable[[Iterable[str]], MonitorLike] | None = None,
     ) -> None:
         """``env`` holds NOTIFY_SOCKET / WATCHDOG_USEC (default: the process
-        environment); ``{}`` runs an agent that speaks no sd_notify (simulated fleets)."""
+        environment); ``{}`` runs an agent that speaks no sd_notify (simulated fleets).
+        ``udev_opener``: what opens the uevent monitor (default: the kernel's socket)."""
         self._env = env
+        self._udev_opener = udev_opener
         self._config_path = config_path
         self._wall = wall_clock
         self._mono = monotonic
@@ -170,6 +178,7 @@ class AgentService:
                     self._reload()
                 started = self._wall()
                 cycle = await self.collection.run_cycle()
+                await self._check_dcqcn(cycle)
                 snapshot = build_batch(
                     self.identity,
                     self._seq.last + 1,
@@ -267,6 +276,15 @@ class AgentService:
         """The event path of the sources: published at once, not at the next batch."""
         await self._publisher.publish_event(event)
 
+    async def _emit_uevent(self, event: NodeEvent) -> None:
+        """A uevent: the collectors reading its device class run now, in a cycle of
+        their own (``udev.REFRESH``), and the event is published at once."""
+        from metalguard.agent.collectors.udev import refresh_for
+
+        if self.collection.expedite(refresh_for(event)):
+            self._wake.set()
+        await self._emit(event)
+
     def _start_event_sources(self) -> list[asyncio.Task[None]]:
         """Start the uevent monitor and the GPU XID watcher as configured.  The monitor's
         socket is opened here, before READY=1, so no uevent after READY is missed;
@@ -274,13 +292,16 @@ class AgentService:
         events = self.config.events
         tasks: list[asyncio.Task[None]] = []
         if events.udev_on(self.config.collect):
-            from metalguard.agent.collectors.udev import UdevMonitor
+            from metalguard.agent.collectors.udev import UdevMonitor, open_kernel_monitor
 
             monitor = UdevMonitor(
-                lambda: self.identity, subsystems=events.udev_subsystems, clock=self._wall
+                lambda: self.identity,
+                subsystems=events.udev_subsystems,
+                clock=self._wall,
+                opener=self._udev_opener or open_kernel_monitor,
             )
             monitor.open()
-            tasks.append(self._guarded(monitor.run(self._emit), "udev"))
+            tasks.append(self._guarded(monitor.run(self._emit_uevent), "udev"))
         if events.gpu_xid and "gpu" in self.collection.names:
             from metalguard.agent.collectors.gpu import XidWatcher
 
@@ -305,17 +326,21 @@ class AgentService:
     def _qos_status(self) -> tuple[QosInterfaceStatus, ...]:
         """The reconciler's last verdict per interface, for the batch (none when off)."""
         reconciler = self._qos_reconciler
+        return () if reconciler is None else reconciler.verdicts()
+
+    async def _check_dcqcn(self, cycle: CycleResult) -> None:
+        """Hand the reconciler this cycle's RDMA ports when the rdma collector read them
+        afresh (its DCQCN check compares successive readings, docs/qos.md)."""
+        reconciler = self._qos_reconciler
         if reconciler is None:
-            return ()
-        return tuple(
-            QosInterfaceStatus(
-                interface=r.interface,
-                version=r.version,
-                status=r.status,
-                reasons=tuple(r.reasons),
-            )
-            for _, r in sorted(reconciler.status().items())
-        )
+            return
+        if not any(run.collector == RDMA_COLLECTOR and run.success for run in cycle.runs):
+            return
+        ports = [p for p in cycle.readings.get("rdma", ()) if isinstance(p, RdmaPort)]
+        try:
+            await reconciler.observe_rdma(ports)
+        except Exception:  # a bug in the check must not stop the collection loop
+            log.exception("DCQCN counter check failed")
 
     def _start_qos(self) -> list[asyncio.Task[None]]:
         """Start the QoS profile watcher and reconciler when ``[qos] enabled``; ``[qos]``

@@ -48,19 +48,30 @@ from nats.js.api import DeliverPolicy
 from prometheus_client.parser import text_string_to_metric_families
 
 from metalguard.demo.sim.faults import KNOWN_KINDS
+from metalguard.demo.sim.fleet import is_infiniband
 from metalguard.proto.codec import CodecError, decode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, JobState
 from metalguard.proto.subjects import Subjects
 
-FAILING_KINDS = ("ecc_ue", "aer_fatal", "smart_fail", "fan_stop")
-SUB_HEALTHY_KINDS = ("ecc_ce_storm", "pcie_downgrade")
-EXPECT = {
+FAILING_KINDS = ("ecc_ue", "aer_fatal", "smart_fail", "fan_stop", "rdma_port_down")
+SUB_HEALTHY_KINDS = (
+    "ecc_ce_storm",
+    "pcie_downgrade",
+    "rdma_link_flap",
+    "rdma_symbol_errors",
+)
+NO_CHANGE_KINDS = ("dcqcn_no_cnp",)
+"""Kinds that change no grade (a QoS finding, docs/qos.md): planned with no ``expect``."""
+EXPECT: dict[str, str | None] = {
     **dict.fromkeys(FAILING_KINDS, "FAILING"),
     **dict.fromkeys(SUB_HEALTHY_KINDS, "SUB_HEALTHY"),
+    **dict.fromkeys(NO_CHANGE_KINDS),
     "agent_kill": "UNREACHABLE",
 }
 assert set(EXPECT) == set(KNOWN_KINDS), "a fault kind the soak does not know"
+ROCE_KINDS = frozenset({"dcqcn_no_cnp"})
+"""Kinds that need a RoCE node (racks k2, k4, ... of the demo's mixed fabric)."""
 RAIL_FRACTION = 0.1
 """The rail's default ``rail_max_fraction`` (docs/lifecycle.md "The safety rail")."""
 RAIL_WINDOW_S = 3600.0
@@ -118,10 +129,26 @@ class Fleet:
         }
 
 
+def is_roce(node: str) -> bool:
+    """Whether a demo node (``r1c1k2n3``) has RoCE NICs (its rack's, docs/simulation.md)."""
+    return not is_infiniband(int(node[node.index("k") + 1 : node.index("n")]))
+
+
+def take_node(free: list[str], kind: str) -> str | None:
+    """The first node of ``free`` the kind can hit (a RoCE one for a DCQCN fault), taken
+    out of the list; None when none is left."""
+    for i, node in enumerate(free):
+        if kind not in ROCE_KINDS or is_roce(node):
+            return free.pop(i)
+    return None
+
+
 def plan_faults(rng: random.Random, fleet: Fleet, duration_s: float) -> list[dict[str, Any]]:
     """Random faults per cluster, each on its own node, between 10 s and 85 % of the run:
     per hour (or per run when shorter) the rail's limit of FAILING kinds, about 3 per 32
-    nodes of SUB_HEALTHY kinds and one agent_kill; at most half of a cluster's nodes."""
+    nodes of SUB_HEALTHY kinds, one of a kind that changes no grade and one agent_kill; at
+    most half of a cluster's nodes.  A fault without an expected grade has ``expect``
+    None (left out of the scenario file: not judged)."""
     hours = max(1, math.ceil(duration_s / RAIL_WINDOW_S))
     lo, hi = 10.0, max(11.0, 0.85 * duration_s)
     size = fleet.cluster_size
@@ -138,9 +165,12 @@ def plan_faults(rng: random.Random, fleet: Fleet, duration_s: float) -> list[dic
             (rng.uniform(lo, hi), rng.choice(SUB_HEALTHY_KINDS))
             for _ in range(max(1, round(size * 3 / 32)) * hours)
         ]
+        picks += [(rng.uniform(lo, hi), rng.choice(NO_CHANGE_KINDS)) for _ in range(hours)]
         picks += [(rng.uniform(lo, hi), "agent_kill") for _ in range(hours)]
-        for (t, kind), node in zip(sorted(picks), free, strict=False):
-            out.append({"at": round(t, 1), "node": node, "kind": kind, "expect": EXPECT[kind]})
+        for t, kind in sorted(picks):
+            node = take_node(free, kind)
+            if node is not None:
+                out.append({"at": round(t, 1), "node": node, "kind": kind, "expect": EXPECT[kind]})
     return sorted(out, key=lambda f: (f["at"], f["node"]))
 
 
@@ -177,7 +207,7 @@ def scenario_toml(faults: list[dict[str, Any]], jobs: list[dict[str, Any]], seed
     for table, entries in (("fault", faults), ("job", jobs)):
         for entry in entries:
             lines.append(f"[[{table}]]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in entry.items()]
+            lines += [f"{k} = {json.dumps(v)}" for k, v in entry.items() if v is not None]
             lines.append("")
     return "\n".join(lines)
 

@@ -28,6 +28,7 @@ import msgspec
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
+from metalguard.controller.core.congestion import CongestionTracker, CongestionView
 from metalguard.controller.core.decide import (
     NodeInput,
     Outcome,
@@ -44,7 +45,7 @@ from metalguard.controller.core.out_of_band import BmcWord, with_bmc
 from metalguard.controller.core.receiving import STALL_GAP_S, Intake, heard, stalled
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringConfig
 from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, ScoringMemo, assess
-from metalguard.controller.core.topology import TopologyView
+from metalguard.controller.core.topology import TopologyView, with_topology
 from metalguard.controller.decision_metrics import DecisionMetrics
 from metalguard.controller.state.store import NodeStore, StoreConflictError
 from metalguard.proto.base import NodeIdentity
@@ -112,6 +113,9 @@ class RegionController:
         """The newest out-of-band batch of each node, by handle."""
         self._qos: dict[str, tuple[QosInterfaceStatus, ...]] = {}
         """The QoS verdicts of each node's newest batch, by handle."""
+        self.congestion = CongestionTracker()
+        """Pause frames and RDMA transmit waits per cluster (``GET /v1/qos``): the fabric's
+        congestion, kept beside the score, never in it."""
         self._scores: dict[str, deque[tuple[float, float]]] = {}
         """Recent (time, score) points of each node, for the node page (in memory)."""
         self._signals: dict[str, NodeSignals] = {}
@@ -154,9 +158,12 @@ class RegionController:
             self._bmc[handle] = BmcWord(received_ts, batch)
             return None
         self.topology.observe(handle, batch)
-        rack = self.topology.topology(handle, batch.node).rack  # the record's rack
+        resolved = self.topology.topology(handle, batch.node)
+        rack = resolved.rack  # the record's rack
         batch = with_bmc(batch, self._bmc.get(handle), received_ts)
+        batch = with_topology(batch, resolved)  # the rules read the resolved topology
         self._qos[handle] = batch.qos
+        self.congestion.observe(batch, received_ts)
         previous = self._signals.get(handle) or self.store.signals.get(handle)
         memo = self._memos.get(handle)
         if memo is None:
@@ -273,6 +280,10 @@ class RegionController:
         if points and points[-1][1] == score and ts - points[-1][0] < SCORE_POINT_EVERY_S:
             return
         points.append((ts, score))
+
+    def congestion_view(self) -> CongestionView:
+        """Each cluster's congestion now (docs/qos.md, "Congestion per cluster")."""
+        return self.congestion.view(self._clock())
 
     def recent_readings(self, handle: str) -> dict[str, Any]:
         """What the node page shows beside the record: the QoS verdicts of the node's

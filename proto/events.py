@@ -28,6 +28,7 @@ NODE_EVENT_KINDS: frozenset[str] = frozenset(
         "qos_unsupported",
         "qos_failed",
         "qos_drift",
+        "qos_degraded",
         "job_started",
         "job_exited",
         "job_progress",

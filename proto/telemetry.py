@@ -262,6 +262,51 @@ class NetInterface(Record, frozen=True):
     tc_classes: tuple[TcClassStats, ...] = ()
 
 
+class RdmaPort(Record, frozen=True):
+    """One port of an RDMA device (``/sys/class/infiniband/<device>/ports/<port>``).
+
+    Counters keep their kernel file names and raw values as read (InfiniBand data
+    counters count 4-octet words: ``rx_bytes``/``tx_bytes`` are derived from them).  A
+    counter file that holds no number ("N/A (no PMA)") is absent here and an entry in the
+    batch's ``errors``.
+    """
+
+    device: str
+    port: NonNegInt
+    state: str = ""
+    """The logical state by name (``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED``, ...)."""
+    state_id: NonNegInt | None = None
+    """The number before the name in the kernel's ``4: ACTIVE``."""
+    phys_state: str = ""
+    """The physical state by name (``LinkUp``, ``Polling``, ``Disabled``, ...)."""
+    phys_state_id: NonNegInt | None = None
+    rate_gbps: float | None = None
+    """From ``200 Gb/sec (4X HDR)``."""
+    link_layer: str = ""
+    """``InfiniBand``, or ``Ethernet`` for RoCE."""
+    netdev: str = ""
+    """The network interface the port is bound to, when the tree shows it."""
+    board_id: str = ""
+    fw_ver: str = ""
+    hca_type: str = ""
+    counters: dict[str, NonNegInt] = {}
+    """``ports/<port>/counters/*`` (PMA port counters)."""
+    counters_ext: dict[str, NonNegInt] = {}
+    """``ports/<port>/counters_ext/*`` (older kernels' 64-bit counters)."""
+    hw_counters: dict[str, NonNegInt] = {}
+    """``ports/<port>/hw_counters/*`` (vendor counters: RoCE retransmission, DCQCN, ...)."""
+    device_hw_counters: dict[str, NonNegInt] = {}
+    """``<device>/hw_counters/*`` (device-level vendor counters), repeated on each port."""
+    saturated: tuple[str, ...] = ()
+    """Counters stopped at their width's maximum (a PMA counter does not wrap): they are
+    not rates until the counter is reset."""
+    rx_bytes: NonNegInt | None = None
+    """``port_rcv_data`` x 4 (the 64-bit ``counters_ext/port_rcv_data_64`` x 4 where
+    there is one: kernels before 4.5)."""
+    tx_bytes: NonNegInt | None = None
+    """``port_xmit_data`` x 4 (``counters_ext/port_xmit_data_64`` x 4 where there is one)."""
+
+
 class CollectorRun(Record, frozen=True):
     """How one collector run went: timed and guarded."""
 
@@ -285,9 +330,11 @@ class QosInterfaceStatus(Record, frozen=True):
     version: NonNegInt
     """The profile version it applied (or tried to)."""
     status: str
-    """applied | partial | unsupported | failed | drift"""
+    """applied | partial | unsupported | failed | drift | degraded (applied, but the RDMA
+    ports' DCQCN counters show congestion control not working)"""
     reasons: tuple[str, ...] = ()
-    """Why it is not ``applied``: unsupported or failed parts, differences found."""
+    """Why it is not ``applied``: unsupported or failed parts, differences found, the
+    DCQCN counter findings (each naming its counters)."""
 
 
 class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
@@ -320,3 +367,5 @@ class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
     topology: NodeTopology | None = None
     """The node's place and capacity from its ``[node]`` config (docs/scheduler.md);
     ``None`` when it configures none."""
+    rdma: tuple[RdmaPort, ...] = ()
+    """Every port of every RDMA (InfiniBand or RoCE) device (docs/protocol.md)."""

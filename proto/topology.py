@@ -11,7 +11,15 @@ The fields are declared here only: the agent's ``[node]`` section and the schedu
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import msgspec
+
 from metalguard.proto.base import NonNegInt, Record
+
+RdmaPortName = Annotated[str, msgspec.Meta(pattern=r"^[^/\s]+/[0-9]+\Z", max_length=128)]
+"""``<device>/<port>`` as the kernel names them (``mlx5_0/1``)."""
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class NodeTopology(Record, frozen=True, kw_only=True):
@@ -28,3 +36,8 @@ class NodeTopology(Record, frozen=True, kw_only=True):
     memory_gb: NonNegInt = 0
     bandwidth_tier: NonNegInt = 0
     """Network bandwidth class; a job asking for tier T needs a node of tier >= T."""
+    rdma_ports: tuple[RdmaPortName, ...] = ()
+    """The RDMA ports cabled to the fabric, as ``<device>/<port>`` (``mlx5_0/1``): one
+    whose ``phys_state`` is not LinkUp is FAILING (docs/scoring.md "RDMA")."""
+    rdma_rate_gbps: NonNegFloat = 0.0
+    """The rate every RDMA port of the node should run at (Gb/s); 0: not checked."""

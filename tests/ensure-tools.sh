@@ -17,6 +17,12 @@ command -v slurmctld >/dev/null 2>&1 || want+=(slurm-wlm)  # real one-node Slurm
 command -v munged >/dev/null 2>&1 || want+=(munge)  # Slurm's authentication
 command -v chromium >/dev/null 2>&1 || want+=(chromium)  # the dashboard's browser test
 [ -x /usr/bin/chromedriver ] || want+=(chromium-driver)  # selenium drives chromium with it
+# The Soft-RoCE VM test (tests/integration/rxe_vm.py): QEMU, and what its initramfs holds.
+command -v qemu-system-x86_64 >/dev/null 2>&1 || want+=(qemu-system-x86)
+command -v busybox >/dev/null 2>&1 || want+=(busybox-static)
+command -v rdma >/dev/null 2>&1 || want+=(iproute2)
+command -v ibv_rc_pingpong >/dev/null 2>&1 || want+=(ibverbs-utils)
+[ -f /etc/libibverbs.d/rxe.driver ] || want+=(ibverbs-providers)  # librxe
 [ ${#want[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "ensure-tools: not root or no apt-get; tests needing ${want[*]} will skip" >&2

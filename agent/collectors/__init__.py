@@ -9,4 +9,12 @@ from __future__ import annotations
 
 def load_builtin() -> None:
     """Import the built-in collector modules so that they register themselves."""
-    from metalguard.agent.collectors import edac, gpu, hwmon, netdev, pcie, smart  # noqa: F401
+    from metalguard.agent.collectors import (  # noqa: F401
+        edac,
+        gpu,
+        hwmon,
+        netdev,
+        pcie,
+        rdma,
+        smart,
+    )

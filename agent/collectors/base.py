@@ -18,7 +18,7 @@ from metalguard.proto.telemetry import CollectorError, CollectorRun
 
 log = logging.getLogger(__name__)
 
-BatchField = Literal["edac", "pcie", "hwmon", "smart", "bmc", "gpu", "net"]
+BatchField = Literal["edac", "pcie", "hwmon", "smart", "bmc", "gpu", "net", "rdma"]
 """The TelemetryBatch field a collector fills."""
 
 Clock = Callable[[], float]

@@ -57,6 +57,19 @@ SUBSYSTEM_LABELS: Final = {
 }
 
 
+REFRESH: Final[dict[str, tuple[str, ...]]] = {"infiniband": ("rdma",)}
+"""uevent subsystem -> the collectors the agent runs at once after one of its uevents
+(they read that device class: an RDMA device that went away leaves no stale port)."""
+
+
+def refresh_for(event: NodeEvent) -> tuple[str, ...]:
+    """The collectors to run at once after this udev NodeEvent (pure): those of
+    :data:`REFRESH` for its ``subsystem`` attribute; none for other events."""
+    if event.source != "udev":
+        return ()
+    return REFRESH.get(str(event.attributes.get("subsystem", "")), ())
+
+
 def _device_name(props: Mapping[str, str]) -> str:
     """The component as operators name it: PCI address, interface, disk, else sys name."""
     for key in ("PCI_SLOT_NAME", "INTERFACE", "DEVNAME"):

@@ -6,6 +6,11 @@ that changed, and otherwise reads the state back: a difference is reported as
 (``qos_applied`` / ``qos_partial`` / ``qos_unsupported`` / ``qos_failed``); a failed
 apply restores the last plan that verified (or, when none did, the kernel's default).
 Backends are synchronous and run in a worker thread.
+
+With a profile that enables ECN/DCQCN, each fresh reading of the RDMA ports
+(:meth:`QosReconciler.observe_rdma`) is checked against the congestion counters
+(agent/qos/dcqcn_check.py): an applied interface whose ports show DCQCN not working is
+``degraded`` (``qos_degraded``) until they show it working again.
 """
 
 from __future__ import annotations
@@ -22,12 +27,20 @@ import msgspec
 
 from metalguard.agent.collectors.netdev import ClassLabel, set_class_labels
 from metalguard.agent.qos.apply import InterfaceResult, QosTarget, apply_plan, clear, verify
+from metalguard.agent.qos.dcqcn_check import (
+    DEGRADABLE,
+    DcqcnWatch,
+    counters_cited,
+    ecn_enabled,
+    with_degraded,
+)
 from metalguard.agent.qos.interfaces import list_interfaces
 from metalguard.agent.qos.plan import InterfaceInfo, InterfacePlan, plan_all
 from metalguard.agent.qos.tc_backend import TcError
 from metalguard.proto.base import AttrValue, NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.qos import QosProfile, profile_problems
+from metalguard.proto.telemetry import QosInterfaceStatus, RdmaPort
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +50,7 @@ EVENT_KINDS = {
     "unsupported": "qos_unsupported",
     "failed": "qos_failed",
     "drift": "qos_drift",
+    "degraded": "qos_degraded",
 }
 """NodeEvent kinds per status (a NodeEvent kind is one subject token: no dots)."""
 _SEVERITY = {
@@ -45,6 +59,7 @@ _SEVERITY = {
     "unsupported": "warning",
     "failed": "critical",
     "drift": "warning",
+    "degraded": "warning",
 }
 
 Emit = Callable[[NodeEvent], Awaitable[None]]
@@ -90,6 +105,9 @@ class QosReconciler:
         self._failed: dict[str, _Applied] = {}
         """The desired plan that failed, per interface (retried when the plan changes)."""
         self._list_error = ""
+        self._dcqcn = DcqcnWatch()
+        self._reported: dict[str, frozenset[str]] = {}
+        """The DCQCN findings last reported per degraded interface."""
         self.passes = 0
         """Completed reconcile passes (tests wait on it)."""
 
@@ -116,6 +134,53 @@ class QosReconciler:
         out = {name: a.result for name, a in self._applied.items()}
         out.update({name: a.result for name, a in self._failed.items()})
         return out
+
+    def verdicts(self) -> tuple[QosInterfaceStatus, ...]:
+        """The batch's form of :meth:`status` (``TelemetryBatch.qos``), sorted by
+        interface, with the DCQCN counter findings folded in (``degraded``)."""
+        plain = (
+            QosInterfaceStatus(
+                interface=r.interface, version=r.version, status=r.status, reasons=tuple(r.reasons)
+            )
+            for _, r in sorted(self.status().items())
+        )
+        return with_degraded(plain, self._dcqcn.degraded())
+
+    async def observe_rdma(self, ports: Sequence[RdmaPort]) -> None:
+        """Take a fresh reading of the node's RDMA ports: the ports bound to an interface
+        this reconciler manages are checked against the previous reading; an interface
+        that becomes degraded (or whose findings change) is reported as ``qos_degraded``,
+        one that recovers with its own status again."""
+        status = self.status()
+        self._dcqcn.observe((p for p in ports if p.netdev in status), ecn_enabled(self._profile))
+        findings = self._dcqcn.findings()
+        for name in sorted(set(findings) | set(self._reported)):
+            result = status.get(name)
+            found = findings.get(name, {})
+            if result is None or result.status not in DEGRADABLE:
+                self._reported.pop(name, None)  # not in place: its own event said so
+                continue
+            if not found:
+                if self._reported.pop(name, None) is not None:
+                    await self._event(
+                        result.status,
+                        name,
+                        f"DCQCN counters on {name} show congestion control working again",
+                        result.reasons,
+                    )
+                continue
+            if self._reported.get(name) == frozenset(found):
+                continue
+            self._reported[name] = frozenset(found)
+            reasons = list(found.values())
+            await self._event(
+                "degraded",
+                name,
+                f"profile version {result.version} is in place on {name} but its DCQCN "
+                "counters show congestion control not working",
+                reasons,
+                extra={"counters": " ".join(counters_cited(found))},
+            )
 
     def class_labels(self) -> dict[str, dict[str, tuple[str, bool]]]:
         """Per interface, htb classid -> (traffic class name, lossless: serves a PFC

@@ -293,6 +293,15 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     ),
     Operation(
         "GET",
+        "/v1/qos",
+        "Every cluster's QoS view: profile version, congestion, degraded nodes",
+        "read",
+        {200: shapes.QosFleetAnswer},
+        (400, 401),
+        tag="qos",
+    ),
+    Operation(
+        "GET",
         "/v1/qos/{cluster}",
         "A cluster's QoS profile and its KV revision",
         "read",
@@ -524,6 +533,7 @@ ANSWER_TYPES: Final = (
     shapes.JobList,
     shapes.JobDetail,
     shapes.ProfileAnswer,
+    shapes.QosFleetAnswer,
     ControllerEvent,
     Job,
     QosProfile,

@@ -4,19 +4,33 @@
 :class:`~controller.qos.QosStore`.  A PUT needs an admin token; its body is the profile
 as TOML (``application/toml``) or JSON.  An invalid profile is answered 422 with every
 reason, a version not above the stored one 409; either way nothing is stored.
+
+``GET /v1/qos`` is the fleet's view: per cluster its profile version, its congestion
+(pause frames and RDMA transmit waits, from the controller's
+:class:`~controller.core.congestion.CongestionTracker`) and its nodes in QoS status
+``degraded``.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Final, Literal
+from collections import Counter
+from typing import Any, Final, Literal, Protocol, runtime_checkable
 
 from aiohttp import web
 
 from metalguard.controller.api.auth import check_admin, check_read
 from metalguard.controller.api.errors import ApiError, reject_unknown_query
+from metalguard.controller.api.nodes import VIEW
+from metalguard.controller.api.shapes import (
+    CongestedNode,
+    DegradedQosNode,
+    QosClusterView,
+    QosFleetAnswer,
+)
+from metalguard.controller.core.congestion import ClusterRates, CongestionView
 from metalguard.controller.qos import QosStore, StoredProfile, VersionConflictError
-from metalguard.proto.codec import to_builtins
+from metalguard.proto.codec import CodecError, to_builtins
 from metalguard.proto.qos import ProfileError, QosProfile, decode_profile
 
 QOS_STORE: Final = web.AppKey("qos_store", QosStore)
@@ -30,13 +44,95 @@ FORMATS: Final[dict[str, Literal["toml", "json"]]] = {
 }
 
 
+@runtime_checkable
+class CongestionSource(Protocol):
+    """What ``GET /v1/qos`` needs of the controller view (``RegionController`` has it);
+    a view without it serves the clusters of its records with no rates."""
+
+    def congestion_view(self) -> CongestionView: ...
+
+
 def add_qos_routes(app: web.Application, store: QosStore) -> None:
     """Register the ``/v1/qos`` routes over ``store``."""
     app[QOS_STORE] = store
+    app.router.add_get("/v1/qos", get_fleet)
     app.router.add_get("/v1/qos/{cluster}", get_cluster)
     app.router.add_put("/v1/qos/{cluster}", put_profile)
     app.router.add_get("/v1/qos/{cluster}/nodes/{node}", get_node)
     app.router.add_put("/v1/qos/{cluster}/nodes/{node}", put_profile)
+
+
+async def get_fleet(request: web.Request) -> web.Response:
+    """Every cluster with nodes or congestion data: its profile version, nodes, rates,
+    most congested nodes and degraded nodes (a :class:`~shapes.QosFleetAnswer`)."""
+    check_read(request)
+    reject_unknown_query(request, (), name_allowed=False)
+    view = request.app[VIEW]
+    store = request.app[QOS_STORE]
+    records = view.store.records
+    known = Counter((r.node.region, r.node.cluster) for r in records.values())
+    congestion = view.congestion_view() if isinstance(view, CongestionSource) else None
+    rates = {(c.region, c.cluster): c for c in (congestion.clusters if congestion else ())}
+    versions: dict[str, int | None] = {}
+    clusters = []
+    for region, cluster in sorted(set(known) | set(rates)):
+        if cluster not in versions:
+            versions[cluster] = await _profile_version(store, cluster)
+        clusters.append(
+            _cluster_view(region, cluster, versions[cluster], known[(region, cluster)], rates)
+        )
+    answer = QosFleetAnswer(
+        ts=congestion.ts if congestion else 0.0,
+        stale_after_s=congestion.stale_after_s if congestion else 0.0,
+        clusters=clusters,
+    )
+    return web.json_response(to_builtins(answer))
+
+
+async def _profile_version(store: QosStore, cluster: str) -> int | None:
+    """The version of the cluster's stored profile (None: none, or unreadable)."""
+    try:
+        stored = await store.get(cluster)
+    except (CodecError, ValueError):  # ValueError: a name that cannot be a key
+        return None
+    return stored.profile.version if stored is not None else None
+
+
+def _cluster_view(
+    region: str,
+    cluster: str,
+    version: int | None,
+    nodes: int,
+    rates: dict[tuple[str, str], ClusterRates],
+) -> QosClusterView:
+    c = rates.get((region, cluster))
+    return QosClusterView(
+        region=region,
+        cluster=cluster,
+        profile_version=version,
+        nodes=nodes,
+        nodes_reporting=c.nodes_reporting if c else 0,
+        pause_frames_per_s=c.pause_per_s if c else 0.0,
+        rx_pause_per_s=c.rx_pause_per_s if c else 0.0,
+        tx_pause_per_s=c.tx_pause_per_s if c else 0.0,
+        xmit_wait_per_s=c.xmit_wait_per_s if c else 0.0,
+        top=[
+            CongestedNode(
+                handle=n.handle,
+                node=n.node,
+                share=n.share,
+                pause_frames_per_s=n.pause_per_s,
+                rx_pause_per_s=n.rx_pause_per_s,
+                tx_pause_per_s=n.tx_pause_per_s,
+                xmit_wait_per_s=n.xmit_wait_per_s,
+            )
+            for n in (c.top if c else ())
+        ],
+        degraded=[
+            DegradedQosNode(handle=d.handle, node=d.node, interfaces=list(d.interfaces))
+            for d in (c.degraded if c else ())
+        ],
+    )
 
 
 async def get_cluster(request: web.Request) -> web.Response:

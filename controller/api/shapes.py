@@ -234,3 +234,56 @@ class ProfileAnswer(ProfileEntry, frozen=True):
     source: Literal["cluster", "node"]
     history: list[ProfileEntry] | UnsetType = UNSET
     previous_version: int | UnsetType | None = UNSET
+
+
+class CongestedNode(Shape, frozen=True):
+    """A node among its cluster's most congested: its rates over its last interval."""
+
+    handle: str
+    node: str
+    share: float
+    """Its largest share of the cluster's pause frames or transmit waits (0-1)."""
+    pause_frames_per_s: float | None
+    """Pause frames received and sent per second (null: no interface counts them)."""
+    rx_pause_per_s: float | None
+    tx_pause_per_s: float | None
+    xmit_wait_per_s: float | None
+    """RDMA ``port_xmit_wait`` ticks per second, all ports (null: no port counts them)."""
+
+
+class DegradedQosNode(Shape, frozen=True):
+    """A node whose newest batch has interfaces in QoS status ``degraded``."""
+
+    handle: str
+    node: str
+    interfaces: list[QosInterfaceStatus]
+
+
+class QosClusterView(Shape, frozen=True):
+    """One cluster in ``GET /v1/qos``: its profile, its congestion, its degraded nodes."""
+
+    region: str
+    cluster: str
+    profile_version: int | None
+    """The version of the cluster's profile in ``<P>_QOS`` (null: none stored)."""
+    nodes: int
+    """Nodes of the cluster the controller has a record of."""
+    nodes_reporting: int
+    """Nodes heard within ``stale_after_s`` whose counters gave a rate."""
+    pause_frames_per_s: float
+    rx_pause_per_s: float
+    tx_pause_per_s: float
+    xmit_wait_per_s: float
+    top: list[CongestedNode]
+    """The most congested reporting nodes, largest share first (at most 5)."""
+    degraded: list[DegradedQosNode]
+
+
+class QosFleetAnswer(Shape, frozen=True):
+    """``GET /v1/qos``: every cluster's flow-control view, sorted by region and cluster."""
+
+    ts: float
+    """The controller's time of the view."""
+    stale_after_s: float
+    """A node not heard for this long counts no more in its cluster's rates."""
+    clusters: list[QosClusterView]

@@ -13,6 +13,7 @@ controller's batch intake) and turns node records into the scheduler's ``FleetNo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Annotated
 
 import msgspec
 
@@ -36,6 +37,8 @@ class RackOverride(ConfigSection, frozen=True):
     cpu_cores: NonNegInt | None = None
     memory_gb: NonNegInt | None = None
     bandwidth_tier: NonNegInt | None = None
+    rdma_ports: tuple[str, ...] | None = None
+    rdma_rate_gbps: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
 class TopologyOverride(RackOverride, frozen=True):
@@ -81,6 +84,19 @@ def resolve(
     return _apply(topo, node)
 
 
+EMPTY = NodeTopology()
+"""The topology of a node that reports none and has none forced on it."""
+
+
+def with_topology(batch: TelemetryBatch, topology: NodeTopology) -> TelemetryBatch:
+    """``batch`` carrying the node's resolved ``topology`` (what the scoring rules read,
+    docs/scoring.md "RDMA"); ``batch`` itself when that is what it carries already."""
+    own = batch.topology
+    if topology is own or topology == (own or EMPTY):
+        return batch
+    return msgspec.structs.replace(batch, topology=topology)
+
+
 def fleet_node(handle: str, record: NodeRecord, topology: NodeTopology) -> FleetNode:
     """The scheduler's view of one node (its rack falls back to the record's)."""
     place = msgspec.structs.asdict(topology)
@@ -105,6 +121,9 @@ class TopologyView:
     def __init__(self, config: TopologySection | None = None) -> None:
         self.config = config or TopologySection()
         self._reported: dict[str, NodeTopology] = {}
+        self._resolved: dict[str, NodeTopology] = {}
+        """The last resolved topology of each node: handed out again while equal (the
+        scorer's memo reuses a batch section by identity)."""
 
     def observe(self, handle: str, batch: TelemetryBatch) -> None:
         """Take in a node's batch (only its ``topology`` is kept; None changes nothing)."""
@@ -117,7 +136,12 @@ class TopologyView:
 
     def topology(self, handle: str, identity: NodeIdentity) -> NodeTopology:
         """The node's topology: report merged with the config."""
-        return resolve(identity, self._reported.get(handle), self.config)
+        resolved = resolve(identity, self._reported.get(handle), self.config)
+        kept = self._resolved.get(handle)
+        if kept is not None and kept == resolved:
+            return kept
+        self._resolved[handle] = resolved
+        return resolved
 
     def fleet(self, records: Mapping[str, NodeRecord]) -> list[FleetNode]:
         """The scheduler's nodes for these records (``controller.jobs.FleetView``)."""

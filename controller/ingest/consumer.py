@@ -98,7 +98,18 @@ PROBE_TIMEOUT_S: Final = 2.0
 IntakeReport = Callable[[int | None], None]
 """``IngestHandler.on_intake`` (optional): evidence that the intake is live now, with the
 telemetry consumer's pending count (None: not known)."""
-REUSED_SECTIONS: Final = ("edac", "pcie", "smart", "bmc", "gpu", "net", "errors", "qos", "topology")
+REUSED_SECTIONS: Final = (
+    "edac",
+    "pcie",
+    "smart",
+    "bmc",
+    "gpu",
+    "net",
+    "rdma",
+    "errors",
+    "qos",
+    "topology",
+)
 """TelemetryBatch fields a node's next batch reuses when their bytes are unchanged: its
 counters and states (fan, temperature and collector timings change every batch)."""
 

@@ -47,6 +47,7 @@ from metalguard.controller.api.sse import (
     Unsubscribe,
     consumer_config,
 )
+from metalguard.controller.core.congestion import CongestionView
 from metalguard.controller.core.lifecycle import OperatorAction
 from metalguard.controller.core.scoring.signals import NodeSignals
 from metalguard.controller.federation.service import Federation
@@ -61,7 +62,7 @@ from metalguard.controller.service import start_ingest
 from metalguard.controller.state.store import NodeStore
 from metalguard.controller.state.streams import ensure_streams
 from metalguard.demo.report import fault_pending, job_rows, report_ok, worst_grade_since
-from metalguard.demo.sim.faults import Applied
+from metalguard.demo.sim.faults import Applied, FaultError
 from metalguard.demo.sim.fleet import SimFleet, SimNode
 from metalguard.demo.sim.scenario import (
     Scenario,
@@ -282,6 +283,13 @@ class AllRegions:
     def recent_readings(self, handle: str) -> dict[str, Any]:
         return self._of(handle).recent_readings(handle)
 
+    def congestion_view(self) -> CongestionView:
+        views = [c.congestion_view() for _, c in sorted(self._regions.items())]
+        clusters = tuple(cluster for v in views for cluster in v.clusters)
+        ts = max((v.ts for v in views), default=0.0)
+        stale = max((v.stale_after_s for v in views), default=0.0)
+        return CongestionView(ts, stale, clusters)
+
 
 class AllRegionEvents(NatsEventSource):
     """Every demo region's ControllerEvents (the one ``<P>_CONTROL`` stream holds them)."""
@@ -333,9 +341,13 @@ async def _play(fleet: DemoFleet, scenario: Scenario | None, journal: _Journal) 
         if scenario is not None:
             for index, fault in due_faults(scenario, journal.t(), applied):
                 applied.add(index)
-                result = fleet.apply(
-                    fault.kind, fault.node, count=fault.count, duration_s=fault.duration_s
-                )
+                try:
+                    result = fleet.apply(
+                        fault.kind, fault.node, count=fault.count, duration_s=fault.duration_s
+                    )
+                except FaultError as exc:  # the node lacks the device (a RoCE port, ...)
+                    _say(f"[{journal.t():6.1f}s] fault {fault.kind} on {fault.node} skipped: {exc}")
+                    continue
                 journal.faults.append(
                     {
                         "t": journal.t(),

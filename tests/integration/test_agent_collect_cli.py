@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.integration.agent_proc import FIXTURE_SMART, FIXTURE_SYSFS, METALGUARD
 
-TOP_LEVEL = {"node", "seq", "ts", "edac", "pcie", "hwmon", "smart", "errors"}
+TOP_LEVEL = {"node", "seq", "ts", "edac", "pcie", "hwmon", "smart", "rdma", "errors"}
 PCIE_KEYS = {
     "address", "class", "vendor", "device", "current_link_speed_gts", "max_link_speed_gts",
     "current_link_width", "max_link_width", "downgraded", "retrains", "aer",
@@ -20,6 +20,13 @@ SMART_KEYS = {
     "reallocated_sectors", "pending_sectors", "offline_uncorrectable",
     "reported_uncorrectable", "grown_defects",
 }  # fmt: skip
+RDMA_KEYS = {
+    "device", "port", "state", "state_id", "phys_state", "phys_state_id", "rate_gbps",
+    "link_layer", "netdev", "board_id", "fw_ver", "hca_type", "counters", "counters_ext",
+    "hw_counters", "device_hw_counters", "saturated", "rx_bytes", "tx_bytes",
+}  # fmt: skip
+NO_PMA = "not a counter: 'N/A (no PMA)'"
+"""i40iw0's counters in node_exporter's tree: each one an error entry (docs/collectors.md)."""
 
 
 def collect(*args: str) -> subprocess.CompletedProcess[str]:
@@ -57,7 +64,19 @@ def test_json_contract_over_the_fixture_tree() -> None:
     assert len(doc["smart"]) == len(list(FIXTURE_SMART.glob("*.json")))
     for disk in doc["smart"]:
         assert disk.keys() >= SMART_KEYS
-    assert doc["errors"] == []
+    ports = {(p["device"], p["port"]): p for p in doc["rdma"]}
+    assert list(ports) == [("i40iw0", 1), ("mlx4_0", 1), ("mlx4_0", 2)]
+    for port in ports.values():
+        assert port.keys() >= RDMA_KEYS
+    mlx4 = ports["mlx4_0", 1]
+    assert (mlx4["state"], mlx4["phys_state"], mlx4["rate_gbps"]) == ("ACTIVE", "LinkUp", 40.0)
+    assert mlx4["counters"]["port_xmit_wait"] == 4294967295
+    assert mlx4["saturated"] == ["port_xmit_wait"]
+    # The only errors: the fixture's "N/A (no PMA)" counter files, one entry each.
+    assert doc["errors"], "i40iw0's N/A (no PMA) counters must be error entries"
+    for error in doc["errors"]:
+        assert (error["collector"], error["message"]) == ("rdma", NO_PMA), error
+        assert "/class/infiniband/i40iw0/ports/1/counters/" in error["path"]
 
 
 def test_text_format() -> None:
@@ -65,6 +84,18 @@ def test_text_format() -> None:
     assert result.returncode == 0, result.stderr
     assert "0000:01:00.0" in result.stdout
     assert "DOWNGRADED" in result.stdout
+
+    rdma = collect("--sysfs", str(FIXTURE_SYSFS), "--collectors", "rdma", "--format", "text")
+    assert rdma.returncode == 0, rdma.stderr
+    lines = [line for line in rdma.stdout.splitlines() if line.startswith("rdma ")]
+    assert lines == [
+        "rdma  i40iw0/1 ACTIVE LinkUp 10 Gb/s InfiniBand netdev=- link_downed=- "
+        "link_error_recovery=- symbol_error=- port_rcv_errors=-",
+        "rdma  mlx4_0/1 ACTIVE LinkUp 40 Gb/s InfiniBand netdev=- link_downed=0 "
+        "link_error_recovery=0 symbol_error=- port_rcv_errors=0  SATURATED port_xmit_wait",
+        "rdma  mlx4_0/2 ACTIVE LinkUp 40 Gb/s InfiniBand netdev=- link_downed=0 "
+        "link_error_recovery=0 symbol_error=- port_rcv_errors=-",
+    ]
 
 
 def _broken_tree(root: Path) -> Path:

@@ -5,6 +5,9 @@
 2. A controller with read tokens: the token given once in ``?token=`` opens the API and
    the live event stream (SSE read with fetch, the token in a header), and a fault turns
    the node red through the stream, well before the slow poll would.
+3. A controller with a QoS profile and nodes whose pause counters move: each cluster's
+   congestion panel shows the profile version, the rates, the most congested nodes and
+   the degraded ones.
 
 Screenshots go to ``$MG_ARTIFACTS/dashboard/`` (default ``test-artifacts/dashboard/`` in
 the repository); the path is printed.  Skipped, with the reason printed, where Chromium
@@ -31,8 +34,13 @@ from metalguard.controller.api.app import make_app
 from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.jobs.manager import JobManager
 from metalguard.controller.jobs.store import JobStore
+from metalguard.controller.qos import QosStore
+from metalguard.proto.base import NodeIdentity
 from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.qos import decode_profile
 from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import NetInterface, QosInterfaceStatus, TelemetryBatch
+from tests.clock import T0
 from tests.integration.api_env import FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
 from tests.waiting import wait_for_line
 
@@ -340,3 +348,53 @@ async def test_the_jobs_view_lists_the_job_manager_s_jobs(
             assert row[0].get_attribute("data-state") == "queued"
             assert "llm-small" in row[0].text
             await asyncio.to_thread(shot, browser, "jobs")
+
+
+# --- the congestion panel (docs/dashboard.md, docs/qos.md) -------------------------------
+
+
+def congestion_batch(node: str, seq: int, rx: int, degraded: bool = False) -> TelemetryBatch:
+    """A batch of ``r1.c1.<node>`` with one interface's received pause frames."""
+    verdict = QosInterfaceStatus(
+        interface="eth2", version=3, status="degraded", reasons=("np_cnp_sent +0",)
+    )
+    return TelemetryBatch(
+        node=NodeIdentity(region="r1", cluster="c1", node=node),
+        seq=seq,
+        ts=T0 + seq * 5.0,
+        interval_s=5.0,
+        net=(NetInterface(name="eth2", rx_pause=rx, tx_pause=0),),
+        qos=(verdict,) if degraded else (),
+    )
+
+
+async def test_the_congestion_panel_shows_a_clusters_pause_frames_and_degraded_nodes(
+    browser: WebDriver, env: ApiEnv
+) -> None:
+    qos = await QosStore.open(env.js, env.subjects)
+    await qos.put(
+        "c1", None, decode_profile("version = 3\n[dcqcn]\nnp = { cnp_dscp = 48 }", "toml")
+    )
+    await env.feed(
+        congestion_batch("n1", 2, 0), congestion_batch("n2", 2, 0, degraded=True),
+        congestion_batch("n1", 3, 500), congestion_batch("n2", 3, 50, degraded=True),
+    )  # fmt: skip
+    app = make_app(env.controller, env.source, qos=qos)
+    async with serve(app) as base:
+        await asyncio.to_thread(browser.get, f"{base}/ui/#/fleet")
+        panel = await asyncio.to_thread(
+            wait,
+            browser,
+            10,
+            "cluster c1's congestion panel",
+            lambda d: d.find_elements(By.CSS_SELECTOR, '[data-congestion="c1"]'),
+        )
+        text = panel[0].text
+        assert "profile v3" in text, text
+        assert "2/3 nodes reporting" in text, text
+        assert "pause frames 110/s" in text, text
+        top = browser.find_elements(By.CSS_SELECTOR, '[data-congestion="c1"] li[data-congested]')
+        assert [li.get_attribute("data-congested") for li in top] == ["r1.c1.n1", "r1.c1.n2"]
+        assert "QoS degraded: n2 (eth2)" in text, text
+        assert not browser.find_elements(By.CSS_SELECTOR, '[data-congestion="c2"] li'), "c2 quiet"
+        await asyncio.to_thread(shot, browser, "congestion")

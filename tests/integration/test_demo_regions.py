@@ -116,6 +116,14 @@ async def test_two_regions_one_api_and_a_report_that_checks_itself(tmp_path: Pat
             )
             qos = await _get(session, f"{api}/v1/qos/c1")
             assert qos["profile"]["version"] == 3, qos
+            view = await _get(session, f"{api}/v1/qos")  # the fleet view: both regions
+            assert [
+                (c["region"], c["cluster"], c["profile_version"], c["nodes"])
+                for c in view["clusters"]
+            ] == [
+                ("r1", "c1", 3, 3),
+                ("r2", "c1", 3, 3),
+            ], view
         await asyncio.wait_for(demo.wait(), RUN_S + 20)
     finally:
         if demo.returncode is None:

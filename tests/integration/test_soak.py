@@ -75,6 +75,24 @@ def test_fault_plan_keeps_within_the_rail(soak: ModuleType) -> None:
     assert scenario.job
 
 
+def test_fault_plan_puts_dcqcn_on_roce_nodes_and_expects_no_grade(soak: ModuleType) -> None:
+    """A kind that changes no grade is planned without ``expect`` (so the demo does not
+    judge it) and only on RoCE nodes (racks k2, k4)."""
+    fleet = soak.Fleet()
+    faults = soak.plan_faults(random.Random(21), fleet, 3600.0)
+    assert {f["kind"] for f in faults} <= set(soak.KNOWN_KINDS)
+    dcqcn = [f for f in faults if f["kind"] == "dcqcn_no_cnp"]
+    assert dcqcn
+    assert all(f["expect"] is None and soak.is_roce(f["node"]) for f in dcqcn)
+    assert soak.is_roce("r1c1k2n3")
+    assert not soak.is_roce("r1c1k3n3")
+    scenario = parse_scenario(soak.scenario_toml(faults, [], 21))
+    judged = {(f.node, f.kind): f.expect for f in scenario.fault}
+    assert all(judged[(f["node"], f["kind"])] is None for f in dcqcn)
+    assert judged[next((f["node"], f["kind"]) for f in faults if f["expect"])] is not None
+    assert soak.take_node(["r1c1k1n1", "r1c1k3n2"], "dcqcn_no_cnp") is None  # no RoCE node
+
+
 def test_checks_count_losses_and_duplicates(soak: ModuleType) -> None:
     stream = [
         {"id": "a", "kind": "node.isolated", "node": "n1"},

@@ -1,6 +1,6 @@
 """Hypothesis strategies for random telemetry batches: ``batches`` (memory, PCIe, hwmon,
-disks, BMC and collector runs) and ``node_batches`` (those with network and GPU readings
-too), shared by the scorer's property tests and the codec's."""
+disks, BMC and collector runs) and ``node_batches`` (those with network, GPU and RDMA
+readings and a topology too), shared by the scorer's property tests and the codec's."""
 
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ from metalguard.proto.telemetry import (
     NetInterface,
     NvLinkErrors,
     PcieDevice,
+    RdmaPort,
     SmartDevice,
     TcClassStats,
     TelemetryBatch,
     Temperature,
 )
+from metalguard.proto.topology import NodeTopology
 from tests.unit.scoring_helpers import batch
 
 small = st.integers(0, 3)
@@ -159,9 +161,45 @@ gpus = st.builds(
 )
 
 
+pma_names = st.sampled_from(["link_downed", "symbol_error", "port_rcv_errors"])
+hw_names = st.sampled_from(["out_of_sequence", "local_ack_timeout_err"])
+rdma_ports = st.builds(
+    RdmaPort,
+    device=st.sampled_from(["mlx5_0", "mlx5_1"]),
+    port=st.just(1),
+    state=st.sampled_from(["ACTIVE", "ACTIVE", "DOWN", "INIT", ""]),
+    phys_state=st.sampled_from(["LinkUp", "LinkUp", "Polling", ""]),
+    rate_gbps=st.none() | st.sampled_from([100.0, 200.0]),
+    counters=st.dictionaries(pma_names, st.integers(0, 3) | st.just(65535)),
+    hw_counters=st.dictionaries(hw_names, st.integers(0, 500)),
+    device_hw_counters=st.dictionaries(hw_names, small),
+    saturated=st.lists(pma_names, max_size=1).map(tuple),
+)
+topologies = st.none() | st.builds(
+    NodeTopology,
+    rdma_ports=st.lists(st.sampled_from(["mlx5_0/1", "mlx5_1/1"]), max_size=2).map(tuple),
+    rdma_rate_gbps=st.sampled_from([0.0, 200.0]),
+)
+rdma_runs = st.lists(
+    st.builds(
+        CollectorRun, collector=st.just("rdma"), duration_s=st.just(0.1), success=st.booleans()
+    ),
+    max_size=1,
+).map(tuple)
+
+
 @st.composite
 def node_batches(draw: st.DrawFn) -> TelemetryBatch:
-    """The scorer properties' random batches, with network and GPU readings too."""
+    """The scorer properties' random batches, with network, GPU and RDMA readings, the
+    rdma collector's run and a topology too."""
     nets = tuple(draw(st.lists(interfaces, max_size=2)))
     gpu = tuple(draw(st.lists(gpus, max_size=2)))
-    return msgspec.structs.replace(draw(batches()), net=nets, gpu=gpu)
+    base = draw(batches())
+    return msgspec.structs.replace(
+        base,
+        net=nets,
+        gpu=gpu,
+        rdma=tuple(draw(st.lists(rdma_ports, max_size=2))),
+        topology=draw(topologies),
+        collectors=(*base.collectors, *draw(rdma_runs)),
+    )

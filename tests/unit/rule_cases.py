@@ -1,6 +1,7 @@
 """The rule tables shared by the rule tests and the scorer's table (tests/unit/test_scoring.py,
-where every rule fires and stays silent): ``GPU_CASES`` and ``NETWORK_CASES``, each case
-``(id, steps, rule, severity or None)``, and the builders of their readings."""
+where every rule fires and stays silent): ``GPU_CASES``, ``NETWORK_CASES`` and
+``RDMA_CASES``, each case ``(id, steps, rule, severity or None)``, and the builders of their
+readings."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import math
 from typing import Any
 
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING, Severity
-from metalguard.proto.telemetry import GpuDevice, NetInterface, NvLinkErrors, TcClassStats
+from metalguard.proto.telemetry import (
+    GpuDevice,
+    NetInterface,
+    NvLinkErrors,
+    RdmaPort,
+    TcClassStats,
+)
+from metalguard.proto.topology import NodeTopology
 from tests.unit.scoring_helpers import Step
 
 # --- GPU (controller/core/rules/gpu.py) ---------------------------------------------------
@@ -143,5 +151,126 @@ NETWORK_CASES: list[tuple[str, list[Step], str, Severity | None]] = [
     *_rate_cases("net_drop_rate", lambda n: nic(rx_dropped=n // 2, tx_dropped=n - n // 2)),
     *_rate_cases("net_pause_storm", lambda n: nic(rx_pause=n, tx_pause=0)),
     *_rate_cases("tc_lossless_drops", lossless),
+]
+"""(id, steps, rule, severity or None), in the form of test_scoring.py's ``Case``."""
+
+
+# --- RDMA (controller/core/rules/rdma.py) -------------------------------------------------
+
+RDMA_WINDOW = {
+    "rdma_link_flap_rate": 3600.0,
+    "rdma_phys_error_rate": 3600.0,
+    "rdma_retransmit_rate": 600.0,
+}
+
+
+def hca(device: str = "mlx5_0", port: int = 1, **fields: Any) -> RdmaPort:
+    """An ACTIVE, LinkUp 200 Gb/s RoCE port (``fields`` override)."""
+    defaults: dict[str, Any] = {
+        "state": "ACTIVE",
+        "state_id": 4,
+        "phys_state": "LinkUp",
+        "phys_state_id": 5,
+        "rate_gbps": 200.0,
+        "link_layer": "Ethernet",
+        "netdev": "ens1f0np0",
+    }
+    return RdmaPort(device=device, port=port, **{**defaults, **fields})
+
+
+def down(**fields: Any) -> RdmaPort:
+    """That port DOWN with no physical link."""
+    return hca(
+        **{"state": "DOWN", "state_id": 1, "phys_state": "Polling", "phys_state_id": 2, **fields}
+    )
+
+
+def cabled(*ports: str, rate: float = 0.0) -> NodeTopology:
+    """A topology listing ``ports`` as cabled, expecting ``rate`` Gb/s."""
+    return NodeTopology(rdma_ports=ports, rdma_rate_gbps=rate)
+
+
+def rdma_steps(*batches: tuple[float, RdmaPort | tuple[RdmaPort, ...]], **more: Any) -> list[Step]:
+    """One batch per (offset, port or ports), each with ``more`` readings."""
+    return [
+        (offset, {"rdma": ports if isinstance(ports, tuple) else (ports,), **more})
+        for offset, ports in batches
+    ]
+
+
+def _pma(name: str) -> Any:
+    return lambda n: hca(counters={name: n})
+
+
+def _rdma_rate_cases(
+    rule: str, name: str, build: Any
+) -> list[tuple[str, list[Step], str, Severity | None]]:
+    """Warning and severe at their thresholds, warning just below severe, silent just below
+    warning (the growth within the window that makes each rate)."""
+    window = RDMA_WINDOW[rule]
+    warn = math.ceil(at(rule, "warning") * window / 3600)
+    severe = math.ceil(at(rule, "severe") * window / 3600)
+    after = window / 2
+
+    def grow(n: int) -> list[Step]:
+        return rdma_steps((0.0, build(0)), (after, build(n)))
+
+    return [
+        (f"{rule} {name} at warning", grow(warn), rule, "warning"),
+        (f"{rule} {name} at severe", grow(severe), rule, "severe"),
+        (f"{rule} {name} just below severe", grow(severe - 1), rule, "warning"),
+        (f"{rule} {name} just below warning", grow(warn - 1), rule, None),
+    ]
+
+
+RDMA_CASES: list[tuple[str, list[Step], str, Severity | None]] = [
+    (
+        "rdma port ACTIVE then DOWN",
+        rdma_steps((0.0, hca()), (5.0, down())),
+        "rdma_port_down",
+        "fatal",
+    ),
+    ("rdma port never ACTIVE", rdma_steps((0.0, down()), (5.0, down())), "rdma_port_down", None),
+    (
+        "rdma cabled port Polling",
+        rdma_steps((0.0, down()), topology=cabled("mlx5_0/1")),
+        "rdma_cabled_port_down",
+        "fatal",
+    ),
+    (
+        "rdma cabled port LinkUp",
+        rdma_steps((0.0, hca()), topology=cabled("mlx5_0/1")),
+        "rdma_cabled_port_down",
+        None,
+    ),
+    *_rdma_rate_cases("rdma_link_flap_rate", "link_downed", _pma("link_downed")),
+    *_rdma_rate_cases("rdma_phys_error_rate", "symbol_error", _pma("symbol_error")),
+    *_rdma_rate_cases(
+        "rdma_retransmit_rate", "out_of_sequence", lambda n: hca(hw_counters={"out_of_sequence": n})
+    ),
+    (
+        "rdma rate below expected",
+        rdma_steps((0.0, hca(rate_gbps=100.0)), topology=cabled(rate=200.0)),
+        "rdma_rate_below_expected",
+        "severe",
+    ),
+    (
+        "rdma rate at expected",
+        rdma_steps((0.0, hca(rate_gbps=200.0)), topology=cabled(rate=200.0)),
+        "rdma_rate_below_expected",
+        None,
+    ),
+    (
+        "rdma symbol_error saturated",
+        rdma_steps((0.0, hca(counters={"symbol_error": 65535}, saturated=("symbol_error",)))),
+        "rdma_counter_saturated",
+        "info",
+    ),
+    (
+        "rdma symbol_error just below its maximum",
+        rdma_steps((0.0, hca(counters={"symbol_error": 65534}))),
+        "rdma_counter_saturated",
+        None,
+    ),
 ]
 """(id, steps, rule, severity or None), in the form of test_scoring.py's ``Case``."""

@@ -49,3 +49,13 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "dir.toml").mkdir()
     with pytest.raises(ConfigError, match=r"dir\.toml: cannot read"):
         load_config(tmp_path / "dir.toml")
+
+
+def test_node_rdma_keys_travel_in_the_topology() -> None:
+    config = parse_config('[node]\nrdma_ports = ["mlx5_0/1", "mlx5_1/1"]\nrdma_rate_gbps = 200\n')
+    topology = config.node.topology()
+    assert topology is not None
+    assert (topology.rdma_ports, topology.rdma_rate_gbps) == (("mlx5_0/1", "mlx5_1/1"), 200.0)
+    assert parse_config("").node.topology() is None  # unset: no topology sent
+    with pytest.raises(ConfigError, match=r"node\.rdma_ports: Expected `array`, got `str`"):
+        parse_config('[node]\nrdma_ports = "mlx5_0/1"\n')

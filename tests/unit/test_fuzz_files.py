@@ -42,6 +42,11 @@ FUZZ = settings(
 
 RICH_AGENT = {
     **example("systemd/agent.toml"),
+    "node": {
+        **example("systemd/agent.toml")["node"],
+        "rdma_ports": ["mlx5_0/1", "mlx5_1/1"],
+        "rdma_rate_gbps": 200.0,
+    },
     "bmc": [
         {"node": "r1.c1.n1", "address": "10.0.0.1:443", "protocol": "redfish"},
         {"node": "r1.c1.n2", "address": "10.0.0.2", "protocol": "snmp", "community": "public"},

@@ -12,7 +12,7 @@ import pytest
 from metalguard.controller.core.rules.disks import GROWTH_RULES
 from metalguard.controller.core.scoring.config import RULE_KEYS, Severity
 from metalguard.proto.telemetry import CollectorError, CollectorRun, EdacController, EdacCsrow
-from tests.unit.rule_cases import GPU_CASES, NETWORK_CASES
+from tests.unit.rule_cases import GPU_CASES, NETWORK_CASES, RDMA_CASES
 from tests.unit.scoring_helpers import (
     DIMM_LABEL,
     Step,
@@ -261,8 +261,9 @@ CASES: list[Case] = [
     Case("a counter drops", two(ce(50), ce(3)), "counter_reset", "info"),
     Case("a counter stays", two(ce(50), ce(50)), "counter_reset", None),
 ]
-CASES += [Case(*c) for c in NETWORK_CASES]  # the network and GPU rules' tables are
-CASES += [Case(*c) for c in GPU_CASES]  # shared with their own tests (rule_cases.py)
+CASES += [Case(*c) for c in NETWORK_CASES]  # the network, GPU and RDMA rules' tables
+CASES += [Case(*c) for c in GPU_CASES]  # are shared with their own tests (rule_cases.py)
+CASES += [Case(*c) for c in RDMA_CASES]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -261,8 +261,75 @@
     );
   }
 
+  /** GET /v1/qos by "region/cluster", or an empty map where the controller has no QoS
+   * routes (404) or the view cannot be read: the heatmap never waits on it. */
+  async function qosClusters() {
+    try {
+      const { clusters } = await api("v1/qos");
+      return new Map(clusters.map((c) => [`${c.region}/${c.cluster}`, c]));
+    } catch (_) {
+      return new Map();
+    }
+  }
+
+  function fmtRate(v) {
+    if (v === null || v === undefined) return "—";
+    if (v >= 100) return `${Math.round(v)}/s`;
+    return `${v.toFixed(v >= 10 ? 1 : 2)}/s`;
+  }
+
+  /** A cluster's congestion: pause frames and RDMA transmit waits (never a node fault by
+   * themselves), its most congested nodes and its nodes in QoS status degraded. */
+  function congestionPanel(cluster, q) {
+    const facts = [
+      q.profile_version === null ? "no QoS profile" : `profile v${q.profile_version}`,
+      `${q.nodes_reporting}/${q.nodes} nodes reporting`,
+      `pause frames ${fmtRate(q.pause_frames_per_s)}`,
+      `xmit_wait ${fmtRate(q.xmit_wait_per_s)}`,
+    ];
+    const panel = h(
+      "div",
+      { class: "congestion", role: "group", "aria-label": `congestion of cluster ${cluster}`, dataset: { congestion: cluster } },
+      h("p", { class: "congestion-facts", text: `Congestion: ${facts.join(" · ")}` }),
+    );
+    if (q.top.length) {
+      panel.append(
+        h(
+          "ol",
+          { class: "congested", "aria-label": `most congested nodes of cluster ${cluster}` },
+          q.top.map((n) =>
+            h(
+              "li",
+              { dataset: { congested: n.handle } },
+              h("a", { href: `#/node/${encodeURIComponent(n.handle)}`, text: n.node }),
+              ` ${Math.round(n.share * 100)}% · pause ${fmtRate(n.pause_frames_per_s)} · xmit_wait ${fmtRate(n.xmit_wait_per_s)}`,
+            ),
+          ),
+        ),
+      );
+    }
+    if (q.degraded.length) {
+      panel.append(
+        h(
+          "p",
+          { class: "qos-degraded" },
+          "QoS degraded: ",
+          q.degraded.flatMap((d, i) => [
+            i ? ", " : "",
+            h("a", {
+              href: `#/node/${encodeURIComponent(d.handle)}`,
+              text: `${d.node} (${d.interfaces.map((x) => x.interface).join(", ")})`,
+              title: d.interfaces.flatMap((x) => x.reasons || []).join("; "),
+            }),
+          ]),
+        ),
+      );
+    }
+    return panel;
+  }
+
   async function fleetView() {
-    const { nodes } = await api("v1/nodes");
+    const [{ nodes }, qos] = await Promise.all([api("v1/nodes"), qosClusters()]);
     const out = [
       h("h2", { text: `Fleet: ${nodes.length} node${nodes.length === 1 ? "" : "s"}` }),
       countList(nodes, "fleet"),
@@ -294,6 +361,7 @@
             "section",
             { class: "cluster", "aria-label": `cluster ${cluster}`, dataset: { cluster } },
             h("h3", {}, `cluster ${cluster}`, h("span", { class: "muted", text: `${inCluster.length} nodes` }), countList(inCluster, `cluster ${cluster}`)),
+            qos.has(`${region}/${cluster}`) ? congestionPanel(cluster, qos.get(`${region}/${cluster}`)) : null,
             racks,
           ),
         );
@@ -447,7 +515,7 @@
           {},
           h("td", { text: q.interface }),
           h("td", { class: "num", text: fmtValue(q.version) }),
-          h("td", { text: q.status }),
+          h("td", { class: `q-${q.status}`, text: q.status }),
           h("td", { text: (q.reasons || []).join("; ") }),
         ),
       ),

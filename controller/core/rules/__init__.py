@@ -15,6 +15,7 @@ from metalguard.controller.core.rules import (
     network,
     pcie,
     pipeline,
+    rdma,
 )
 from metalguard.controller.core.rules.base import Context, CounterSource, Finding, Rule
 
@@ -26,6 +27,7 @@ RULES: tuple[Rule, ...] = (
     *cooling.RULES,
     *bmc.RULES,
     *network.RULES,
+    *rdma.RULES,
     *pipeline.RULES,
 )
 COUNTER_SOURCES: tuple[CounterSource, ...] = (
@@ -34,6 +36,7 @@ COUNTER_SOURCES: tuple[CounterSource, ...] = (
     disks.counters,
     gpu.counters,
     network.counters,
+    rdma.counters,
 )
 
 __all__ = ["COUNTER_SOURCES", "RULES", "Context", "CounterSource", "Finding", "Rule"]

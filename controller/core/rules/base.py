@@ -173,6 +173,20 @@ def rate_finding(
     The rate is the counter's growth over the rule's window, per hour of that window.
     """
     grown = ctx.signals.increase(counter, rule.window_s, ctx.now)
+    return growth_rate_finding(key, rule, grown, signal=signal, what=what, subject=subject)
+
+
+def growth_rate_finding(
+    key: str,
+    rule: RateRule,
+    grown: int,
+    *,
+    signal: str,
+    what: str,
+    subject: str,
+) -> Finding | None:
+    """:func:`rate_finding` for a growth already summed over the rule's window (the
+    counters of one component together)."""
     rate = grown * SECONDS_PER_HOUR / rule.window_s
     if rate >= rule.severe_threshold:
         severity: Severity = "severe"

@@ -61,6 +61,16 @@ class WindowThresholdRule(ThresholdRule, frozen=True):
     window_s: WindowS
 
 
+class LostStateRule(FlagRule, frozen=True):
+    """A state seen within the last ``window_s`` seconds that has been gone for ``grace_s``
+    seconds or more (an RDMA port that was ACTIVE and is not)."""
+
+    window_s: WindowS
+    """How long a state once seen is remembered."""
+    grace_s: Threshold
+    """How long it may be gone before the rule fires (0: at the first batch without it)."""
+
+
 class MarginRule(FlagRule, frozen=True):
     """A temperature within ``margin_celsius`` of its critical limit."""
 
@@ -279,6 +289,16 @@ class Rules(_Section, frozen=True):
     net_drop_rate: RateRule = _net_rate(600, 36_000, 3_600_000, 5, 15)
     net_pause_storm: RateRule = _net_rate(300, 3_600_000, 36_000_000, 10, 30)
     tc_lossless_drops: RateRule = _net_rate(600, 1, 3600, 10, 30)
+    # RDMA (InfiniBand and RoCE ports; rates per hour, see docs/scoring.md "RDMA")
+    rdma_port_down: LostStateRule = LostStateRule(
+        enabled=True, severity="fatal", penalty=100, max_penalty=100, window_s=86400, grace_s=0
+    )
+    rdma_cabled_port_down: FlagRule = _flag("fatal", 100, 100)
+    rdma_link_flap_rate: RateRule = _rate(1, 3, 10, 30)
+    rdma_phys_error_rate: RateRule = _rate(10, 100, 10, 30)
+    rdma_rate_below_expected: FlagRule = _flag("severe", 30, 60)
+    rdma_retransmit_rate: RateRule = _net_rate(600, 3600, 360_000, 5, 20)
+    rdma_counter_saturated: FlagRule = _flag("info", 0, 0)
     # the pipeline itself
     collector_failed: FlagRule = _flag("warning", 2, 10)
     counter_reset: FlagRule = _flag("info", 0, 0)

@@ -67,6 +67,14 @@ class NodeSignals(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         """Whether no counter grew or reset from ``start`` on."""
         return all(h.quiet_since(start) for h in self.counters.values())
 
+    def last_seen(self, key: str) -> float | None:
+        """The time of ``key``'s newest sample kept (None: none). For a key that a counter
+        source yields only while a state holds (``rdma.<device>.<port>.active``, always 1),
+        that is when the state was last seen: the key stays in the history, unchanged,
+        until its samples are older than the retention."""
+        history = self.counters.get(key)
+        return history.samples[-1][0] if history is not None and history.samples else None
+
     def reset_at(self, key: str, ts: float) -> bool:
         """Whether ``key`` was seen to reset by the batch at ``ts``."""
         history = self.counters.get(key)

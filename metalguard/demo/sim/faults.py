@@ -2,9 +2,9 @@
 them (docs/simulation.md).
 
 :func:`apply_fault` makes one change now.  Faults that unfold over time (a correctable-ECC
-storm, a node heating up after a fan stops) also return a :class:`Process` whose
-``step()`` the fleet runner calls on every tick until it reports done.  ``agent_kill`` is
-not a file change: the fleet runner stops that node's agent.
+storm, a node heating up after a fan stops, a flapping RDMA link) also return a
+:class:`Process` whose ``step()`` the fleet runner calls on every tick until it reports
+done.  ``agent_kill`` is not a file change: the fleet runner stops that node's agent.
 
 Every write is atomic (a temporary file renamed over the attribute), so a collector
 reading concurrently sees the old or the new contents, never a torn file.
@@ -19,7 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from metalguard.demo.sim.tree import TEMP_CRIT_MILLI, NodeTree
+from metalguard.demo.sim.tree import (
+    LINK_LAYER_ETH,
+    PHYS_DISABLED,
+    PHYS_LINK_UP,
+    PHYS_POLLING,
+    STATE_ACTIVE,
+    STATE_DOWN,
+    TEMP_CRIT_MILLI,
+    NodeTree,
+    port_name,
+)
 
 KNOWN_KINDS: tuple[str, ...] = (
     "ecc_ue",
@@ -29,6 +39,10 @@ KNOWN_KINDS: tuple[str, ...] = (
     "smart_fail",
     "fan_stop",
     "agent_kill",
+    "rdma_port_down",
+    "rdma_link_flap",
+    "rdma_symbol_errors",
+    "dcqcn_no_cnp",
 )
 RUNNER_KINDS = frozenset({"agent_kill"})
 """Kinds the fleet runner handles itself (no file changes)."""
@@ -47,6 +61,21 @@ SMART_FAIL_CRITICAL_WARNING = 4
 """NVMe critical-warning bit 2: reliability degraded."""
 SMART_FAIL_EXIT_STATUS = 8
 """smartctl exit-status bit 3: SMART status says the disk is failing."""
+DEFAULT_FLAPS = 3
+"""Link flaps of an ``rdma_link_flap``, one a tick."""
+DEFAULT_SYMBOL_ERRORS_PER_TICK = 10
+DEFAULT_ECN_MARKS_PER_TICK = 500
+DEFAULT_RDMA_S = 60.0
+"""How long symbol errors and ECN marks without CNPs go on (like a storm)."""
+PMA_MAX = {
+    "symbol_error": 0xFFFF,
+    "port_rcv_errors": 0xFFFF,
+    "link_downed": 0xFF,
+    "link_error_recovery": 0xFF,
+}
+"""The maxima of the PMA counters the faults move (IBA PortCounters widths, kept here
+as the simulated kernel's own, not taken from the agent): they stop there, they do not
+wrap (hw_counters are 64-bit)."""
 
 
 class FaultError(ValueError):
@@ -68,6 +97,14 @@ def read_int(path: Path) -> int:
 def add_to_counter(path: Path, n: int) -> int:
     """Add ``n`` to a counter file; return the new value."""
     value = read_int(path) + n
+    write_atomic(path, f"{value}\n")
+    return value
+
+
+def add_capped(path: Path, n: int, cap: int | None = None) -> int:
+    """Add ``n`` to a counter file, stopping at ``cap`` like a PMA counter; the new value."""
+    value = read_int(path) + n
+    value = value if cap is None else min(value, cap)
     write_atomic(path, f"{value}\n")
     return value
 
@@ -131,6 +168,84 @@ class Heat:
         return hot
 
 
+def set_port_state(tree: NodeTree, port: str, state: str, phys_state: str) -> None:
+    """Write an RDMA port's ``state`` and ``phys_state`` (``4: ACTIVE``, ``5: LinkUp``)."""
+    write_atomic(tree.sys_path(f"{port}/state"), state + "\n")
+    write_atomic(tree.sys_path(f"{port}/phys_state"), phys_state + "\n")
+
+
+def add_port_counter(tree: NodeTree, port: str, counter: str, n: int) -> int:
+    """Add ``n`` to ``counters/<counter>`` (or ``hw_counters/<counter>``) of ``port``,
+    stopped at the counter's PMA width; the new value."""
+    path = tree.sys_path(f"{port}/counters/{counter}")
+    if not path.exists():
+        path = tree.sys_path(f"{port}/hw_counters/{counter}")
+    return add_capped(path, n, PMA_MAX.get(counter))
+
+
+def flap_once(tree: NodeTree, port: str) -> None:
+    """One flap, as short as the kernel's: the link drops and retrains between two reads
+    of a polling agent, so what it sees is ``link_downed`` and ``link_error_recovery``
+    one higher (the state files go DOWN/Polling and back to ACTIVE/LinkUp at once)."""
+    add_port_counter(tree, port, "link_error_recovery", 1)
+    add_port_counter(tree, port, "link_downed", 1)
+    set_port_state(tree, port, STATE_DOWN, PHYS_POLLING)
+    set_port_state(tree, port, STATE_ACTIVE, PHYS_LINK_UP)
+
+
+@dataclass(slots=True)
+class PortDown:
+    """A downed RDMA port that comes back (ACTIVE, LinkUp) at ``until``."""
+
+    tree: NodeTree
+    port: str
+    until: float
+
+    def step(self, now: float) -> bool:
+        """Bring the port back once ``until`` has come; True then."""
+        if now < self.until:
+            return False
+        set_port_state(self.tree, self.port, STATE_ACTIVE, PHYS_LINK_UP)
+        return True
+
+
+@dataclass(slots=True)
+class LinkFlap:
+    """An RDMA link flapping: one flap a tick (:func:`flap_once`), ``left`` more."""
+
+    tree: NodeTree
+    port: str
+    left: int
+    flaps: int = 0
+
+    def step(self, now: float) -> bool:
+        """Flap once unless done; True after the last flap."""
+        if self.left > 0:
+            flap_once(self.tree, self.port)
+            self.left -= 1
+            self.flaps += 1
+        return self.left <= 0
+
+
+@dataclass(slots=True)
+class CounterGrowth:
+    """Counters of one RDMA port growing every tick (``per_tick`` by counter name) until
+    ``until`` (monotonic seconds); PMA counters stop at their width."""
+
+    tree: NodeTree
+    port: str
+    per_tick: dict[str, int]
+    until: float
+
+    def step(self, now: float) -> bool:
+        """Add one tick's counts unless the time is over."""
+        if now >= self.until:
+            return True
+        for counter, n in self.per_tick.items():
+            add_port_counter(self.tree, self.port, counter, n)
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class Applied:
     """What one fault application changed, and the process to keep ticking (if any)."""
@@ -190,6 +305,51 @@ def _fan_stop(tree: NodeTree, rng: random.Random) -> Applied:
     return Applied("fan_stop", f"{fan.rsplit('/', 1)[1]} stopped; heating up", Heat(tree))
 
 
+def _rdma_port(tree: NodeTree, rng: random.Random, *, roce: bool = False) -> str:
+    """An ACTIVE RDMA port of the tree (a RoCE one when ``roce``), chosen with ``rng``."""
+    what = "active RoCE port" if roce else "active RDMA port"
+    ports = tuple(
+        p
+        for p in tree.paths.rdma_ports
+        if tree.sys_path(f"{p}/state").read_text().strip() == STATE_ACTIVE
+        and (not roce or tree.sys_path(f"{p}/link_layer").read_text().strip() == LINK_LAYER_ETH)
+    )
+    return _pick(ports, what, rng)
+
+
+def _rdma_port_down(tree: NodeTree, rng: random.Random, until: float | None) -> Applied:
+    port = _rdma_port(tree, rng)
+    add_port_counter(tree, port, "link_downed", 1)
+    set_port_state(tree, port, STATE_DOWN, PHYS_DISABLED)
+    back = "" if until is None else "; back up after its duration"
+    process = None if until is None else PortDown(tree, port, until)
+    return Applied(
+        "rdma_port_down", f"RDMA port {port_name(port)} DOWN (phys Disabled){back}", process
+    )
+
+
+def _rdma_link_flap(tree: NodeTree, rng: random.Random, flaps: int) -> Applied:
+    flap = LinkFlap(tree, _rdma_port(tree, rng), flaps)
+    flap.step(0.0)
+    return Applied(
+        "rdma_link_flap", f"RDMA port {port_name(flap.port)} flapping ({flaps} link downs)", flap
+    )
+
+
+def _rdma_growth(
+    tree: NodeTree,
+    kind: str,
+    port: str,
+    per_tick: dict[str, int],
+    span: tuple[float, float],
+    what: str,
+) -> Applied:
+    now, until = span
+    growth = CounterGrowth(tree, port, per_tick, until)
+    growth.step(now)
+    return Applied(kind, f"{what} on RDMA port {port_name(port)}", growth)
+
+
 def apply_fault(
     tree: NodeTree,
     kind: str,
@@ -201,10 +361,13 @@ def apply_fault(
 ) -> Applied:
     """Make one fault happen in ``tree`` now; the device is chosen with ``rng``.
 
-    ``count`` is errors per application (``ecc_ue``, ``aer_fatal``) or per tick
-    (``ecc_ce_storm``); ``duration_s`` is how long a storm lasts from ``now``.
+    ``count`` is errors per application (``ecc_ue``, ``aer_fatal``), per tick
+    (``ecc_ce_storm``, ``rdma_symbol_errors``, ``dcqcn_no_cnp``) or flaps
+    (``rdma_link_flap``); ``duration_s`` is how long a storm (or symbol errors, ECN marks
+    without CNPs, a downed port) lasts from ``now``.
     """
     n = 1 if count is None else count
+    lasts = (now, now + (DEFAULT_RDMA_S if duration_s is None else duration_s))
     match kind:
         case "ecc_ue":
             return _ecc_ue(tree, rng, n)
@@ -226,6 +389,26 @@ def apply_fault(
             return _smart_fail(tree, rng)
         case "fan_stop":
             return _fan_stop(tree, rng)
+        case "rdma_port_down":
+            return _rdma_port_down(tree, rng, None if duration_s is None else now + duration_s)
+        case "rdma_link_flap":
+            return _rdma_link_flap(tree, rng, DEFAULT_FLAPS if count is None else count)
+        case "rdma_symbol_errors":
+            per = DEFAULT_SYMBOL_ERRORS_PER_TICK if count is None else count
+            errors = {"symbol_error": per, "port_rcv_errors": max(1, per // 2)}
+            return _rdma_growth(
+                tree, kind, _rdma_port(tree, rng), errors, lasts, f"{per} symbol errors a tick"
+            )
+        case "dcqcn_no_cnp":
+            per = DEFAULT_ECN_MARKS_PER_TICK if count is None else count
+            return _rdma_growth(
+                tree,
+                kind,
+                _rdma_port(tree, rng, roce=True),
+                {"np_ecn_marked_roce_packets": per},
+                lasts,
+                f"{per} ECN-marked packets a tick and no CNP sent",
+            )
         case "agent_kill":
             raise FaultError("agent_kill changes no file: the fleet runner stops the agent")
         case _:

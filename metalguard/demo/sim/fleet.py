@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import json
 import logging
 import random
 import time
@@ -17,12 +19,20 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from metalguard.agent.config import AgentConfig, parse_config
 from metalguard.agent.service import AgentService
 from metalguard.demo.sim.faults import RUNNER_KINDS, Applied, FaultError, Process, apply_fault
 from metalguard.demo.sim.scenario import Scenario, ScenarioError, due_faults, unknown_nodes
-from metalguard.demo.sim.tree import NodeSpec, NodeTree, write_tree
+from metalguard.demo.sim.traffic import Traffic
+from metalguard.demo.sim.tree import (
+    RDMA_RATE_GBPS,
+    NodeSpec,
+    NodeTree,
+    rdma_port_names,
+    write_tree,
+)
 from metalguard.proto.topology import NodeTopology
 
 log = logging.getLogger(__name__)
@@ -30,6 +40,23 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 15.0
 BUILD_THREADS = 8
 """Trees are written by several threads: creating ~20 000 small files is syscall-bound."""
+TRAFFIC_EVERY = 5
+"""A node's RDMA data counters are advanced every this many ticks (the nodes take turns,
+so a tick writes about a fifth of the fleet's counters)."""
+
+RDMA_INTERVAL_FACTOR = 5
+"""The rdma collector runs every this many collection intervals (5 s at 1 s, the
+collector's own default interval): its scan of a node's ~90 files costs about a third of
+the other collectors' together (docs/simulation.md)."""
+
+Fabric = Literal["mixed", "infiniband", "roce"]
+"""The RDMA fabric of a fleet's nodes: ``mixed``: racks k1, k3, ... InfiniBand, k2, k4,
+... RoCE (a simulation's convenience: both kinds in every fleet)."""
+
+
+def is_infiniband(rack: int, fabric: Fabric = "mixed") -> bool:
+    """Whether the nodes of rack ``rack`` (1-based) have InfiniBand (else RoCE) NICs."""
+    return fabric == "infiniband" or (fabric == "mixed" and rack % 2 == 1)
 
 
 def node_name(region: int, cluster: int, rack: int, node: int) -> str:
@@ -48,11 +75,17 @@ def fleet_names(region: int, clusters: int, racks: int, nodes_per_rack: int) -> 
 
 
 def sim_topology(
-    cluster: int, rack: int, node: int, nodes_per_rack: int, gpus: int = 8
+    cluster: int,
+    rack: int,
+    node: int,
+    nodes_per_rack: int,
+    gpus: int = 8,
+    rdma_ports: tuple[str, ...] = (),
 ) -> NodeTopology:
     """The simulated node's place and capacity (docs/scheduler.md): clusters 1-2 in zone
     z1, 3-4 in z2, ...; racks ``k<rack>``; a leaf per half rack (per rack below 8 nodes);
-    ``gpus`` H100s (the tree's), 128 cores, 1024 GB, bandwidth tier 2."""
+    ``gpus`` H100s (the tree's), 128 cores, 1024 GB, bandwidth tier 2; the tree's RDMA
+    ports cabled, at 400 Gb/s."""
     half = 1 if nodes_per_rack < 8 or node <= nodes_per_rack // 2 else 2
     return NodeTopology(
         zone=f"z{(cluster + 1) // 2}",
@@ -63,14 +96,26 @@ def sim_topology(
         cpu_cores=128,
         memory_gb=1024,
         bandwidth_tier=2,
+        rdma_ports=rdma_ports,
+        rdma_rate_gbps=RDMA_RATE_GBPS if rdma_ports else 0.0,
     )
+
+
+def toml_value(value: object) -> str:
+    """A TOML value for a string, number, bool or tuple of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a JSON string is a TOML basic string
 
 
 def topology_toml(topology: NodeTopology) -> str:
     """``[node]`` lines for a topology (appended to the table)."""
     return "".join(
-        f"{key} = {value}\n" if isinstance(value, int) else f'{key} = "{value}"\n'
-        for key, value in ((f, getattr(topology, f)) for f in topology.__struct_fields__)
+        f"{key} = {toml_value(getattr(topology, key))}\n" for key in topology.__struct_fields__
     )
 
 
@@ -90,8 +135,16 @@ def agent_config_text(
     prefix: str,
     interval_s: float,
     topology: NodeTopology | None = None,
+    rdma: bool = True,
 ) -> str:
-    """The agent.toml of one simulated node: its tree, every interval ``interval_s``."""
+    """The agent.toml of one simulated node: its tree, every interval ``interval_s``;
+    the ``rdma`` collector too (every :data:`RDMA_INTERVAL_FACTOR` intervals) when the tree
+    has RDMA devices."""
+    intervals = dict.fromkeys(("edac", "pcie", "hwmon", "smart"), interval_s)
+    if rdma:
+        intervals["rdma"] = interval_s * RDMA_INTERVAL_FACTOR
+    collectors = list(intervals)
+    interval_lines = "".join(f"{c} = {value}\n" for c, value in intervals.items())
     return f"""\
 [node]
 region = "{region}"
@@ -109,17 +162,13 @@ reconnect_max_s = 2.0
 
 [collect]
 interval_s = {interval_s}
-enabled = ["edac", "pcie", "hwmon", "smart"]
+enabled = {toml_value(collectors)}
 sysfs = "{tree.sysfs}"
 smart_json_dir = "{tree.smart_dir}"
 timeout_s = 30.0
 
 [collect.intervals]
-edac = {interval_s}
-pcie = {interval_s}
-hwmon = {interval_s}
-smart = {interval_s}
-
+{interval_lines}
 [spool]
 dir = "{spool_dir}"
 """
@@ -136,6 +185,7 @@ class SimNode:
     service: AgentService | None = None
     task: asyncio.Task[int] | None = None
     killed: bool = False
+    traffic: Traffic | None = None
 
 
 class SimFleet:
@@ -154,6 +204,7 @@ class SimFleet:
         prefix: str = "mg",
         seed: int = 0,
         spec: NodeSpec | None = None,
+        fabric: Fabric = "mixed",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root_dir = Path(root_dir)
@@ -166,20 +217,27 @@ class SimFleet:
         self._clock = clock
         self._rng = random.Random(seed)
         self.node_names = fleet_names(region, clusters, racks, nodes_per_rack)
-        self._cluster_of = {
-            node_name(region, c, k, n): f"c{c}"
+        places = {
+            node_name(region, c, k, n): (c, k, n)
             for c in range(1, clusters + 1)
             for k in range(1, racks + 1)
             for n in range(1, nodes_per_rack + 1)
         }
+        self._cluster_of = {name: f"c{c}" for name, (c, _, _) in places.items()}
+        self.specs = {
+            name: dataclasses.replace(self.spec, infiniband=is_infiniband(k, fabric))
+            for name, (_, k, _) in places.items()
+        }
+        """Each node's hardware: the fleet's spec, InfiniBand or RoCE as ``fabric`` says."""
         self.topology = {
-            node_name(region, c, k, n): sim_topology(c, k, n, nodes_per_rack, self.spec.gpus)
-            for c in range(1, clusters + 1)
-            for k in range(1, racks + 1)
-            for n in range(1, nodes_per_rack + 1)
+            name: sim_topology(
+                c, k, n, nodes_per_rack, self.spec.gpus, rdma_port_names(self.specs[name])
+            )
+            for name, (c, k, n) in places.items()
         }
         """Each node's place and capacity, written into its agent.toml's ``[node]``."""
         self.nodes: dict[str, SimNode] = {}
+        self._ticks = 0
         self.processes: dict[str, list[Process]] = {}
         self.applied: list[tuple[str, Applied]] = []
         self._started_at: float | None = None
@@ -191,7 +249,7 @@ class SimFleet:
         with concurrent.futures.ThreadPoolExecutor(BUILD_THREADS) as pool:
             trees = pool.map(
                 lambda name: write_tree(
-                    self.root_dir / name, self.spec, node_seed(self.seed, name)
+                    self.root_dir / name, self.specs[name], node_seed(self.seed, name)
                 ),
                 self.node_names,
             )
@@ -208,10 +266,13 @@ class SimFleet:
                 prefix=self.prefix,
                 interval_s=self.interval_s,
                 topology=self.topology[name],
+                rdma=bool(tree.paths.rdma_ports),
             )
             config_path = node_dir / "agent.toml"
             config_path.write_text(text)
-            nodes[name] = SimNode(name, tree, config_path, parse_config(text, str(config_path)))
+            traffic = Traffic.of(tree, random.Random(node_seed(self.seed, name)))
+            config = parse_config(text, str(config_path))
+            nodes[name] = SimNode(name, tree, config_path, config, traffic=traffic)
         return nodes
 
     # --- lifecycle --------------------------------------------------------------------
@@ -299,8 +360,15 @@ class SimFleet:
         return result
 
     def tick(self) -> None:
-        """Advance every stateful fault (storms, heat) by one step; drop finished ones."""
+        """Advance every stateful fault (storms, heat, flaps) by one step, dropping
+        finished ones, and the RDMA traffic of the nodes whose turn it is (each node's
+        every :data:`TRAFFIC_EVERY` ticks)."""
         now = self._clock()
+        turn = self._ticks % TRAFFIC_EVERY
+        self._ticks += 1
+        for i, sim in enumerate(self.nodes.values()):
+            if sim.traffic is not None and i % TRAFFIC_EVERY == turn:
+                sim.traffic.advance(now)
         for node, procs in list(self.processes.items()):
             left = [p for p in procs if not p.step(now)]
             if left:

@@ -7,9 +7,10 @@ A scenario is TOML::
     [[fault]]
     at = 30          # seconds after the fleet starts
     node = "r1c1k2n3"
-    kind = "ecc_ue"
-    count = 1        # optional: errors per application (per tick for ecc_ce_storm)
-    duration_s = 60  # optional: how long an ecc_ce_storm lasts
+    kind = "ecc_ue"  # one of faults.KNOWN_KINDS (docs/simulation.md "Faults")
+    count = 1        # optional: errors per application (per tick for ecc_ce_storm,
+                     # rdma_symbol_errors, dcqcn_no_cnp; flaps for rdma_link_flap)
+    duration_s = 60  # optional: how long a storm (symbol errors, ECN marks, a port down) lasts
     expect = "FAILING"  # optional: the grade the controller should give the node
 
     [[job]]          # optional: a training job submitted at `at` (docs/jobs.md)

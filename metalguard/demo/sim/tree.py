@@ -10,6 +10,11 @@ The shapes follow Linux (docs NOTES §9) and the node_exporter fixture tree::
     sys/class/hwmon/hwmonN      -> ../../devices/platform/<chip>/hwmon/hwmonN
     sys/devices/platform/<chip>/hwmon/hwmonN/device -> ../../../<chip>
     sys/devices/system/edac/mc/mcN/{ce_count,...,dimmM/{dimm_ce_count,...}}
+    sys/class/infiniband/mlx5_N -> ../../devices/pci0000:00/<port>/<nic>/infiniband/mlx5_N
+    sys/devices/.../<nic>/infiniband/mlx5_N/{board_id,fw_ver,hca_type,device -> ../../../<nic>,
+        ports/1/{state,phys_state,rate,link_layer,counters/*,hw_counters/*}}
+    sys/devices/.../<nic>/net/<ifname>  (the netdev the RDMA device is bound to)
+    sys/class/net/<ifname>      -> ../../devices/pci0000:00/<port>/<nic>/net/<ifname>
     smart/nvmeN.json            (smartctl --json -a output, the collector's smart_json_dir)
 """
 
@@ -76,6 +81,67 @@ TEMP_MAX_MILLI = 85000
 TEMP_CRIT_MILLI = 95000
 FAN_MIN_RPM = 2000
 
+RDMA_DRIVER = "mlx5"
+RDMA_HCA_TYPE = "MT4129"
+"""ConnectX-7."""
+RDMA_BOARD_ID = "MT_0000000838"
+RDMA_FW_VER = "28.39.1002"
+RDMA_RATE = "400 Gb/sec (4X NDR)"
+RDMA_RATE_GBPS = 400.0
+STATE_ACTIVE = "4: ACTIVE"
+STATE_DOWN = "1: DOWN"
+PHYS_LINK_UP = "5: LinkUp"
+PHYS_DISABLED = "3: Disabled"
+PHYS_POLLING = "2: Polling"
+LINK_LAYER_IB = "InfiniBand"
+LINK_LAYER_ETH = "Ethernet"
+
+RDMA_DATA_COUNTERS = (
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+    "unicast_xmit_packets",
+    "unicast_rcv_packets",
+)
+"""The ``counters/`` files traffic moves (data in 4-octet words, packets)."""
+RDMA_FLAT_COUNTERS = (
+    "VL15_dropped",
+    "excessive_buffer_overrun_errors",
+    "link_downed",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "multicast_rcv_packets",
+    "multicast_xmit_packets",
+    "port_rcv_constraint_errors",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_constraint_errors",
+    "port_xmit_discards",
+    "port_xmit_wait",
+    "symbol_error",
+)
+"""The other ``counters/`` files mlx5 shows: errors, waits, multicast; 0 unless faulted."""
+HW_COUNTERS_IB = (
+    "duplicate_request",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+    "out_of_buffer",
+    "out_of_sequence",
+    "packet_seq_err",
+    "rnr_nak_retry_err",
+)
+"""Port ``hw_counters/`` of an mlx5 InfiniBand port (a subset of the driver's)."""
+HW_COUNTERS_ROCE = (
+    *HW_COUNTERS_IB,
+    "np_cnp_sent",
+    "np_ecn_marked_roce_packets",
+    "rp_cnp_handled",
+    "rp_cnp_ignored",
+)
+"""An mlx5 RoCE port's ``hw_counters/``: the InfiniBand ones plus DCQCN's."""
+
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
@@ -90,6 +156,9 @@ class NodeSpec:
     fans: int = 8
     temps: int = 5
     disks: int = 2
+    rdma: bool = True
+    """Each NIC is an RDMA device ``mlx5_<j>`` with one port (InfiniBand when
+    ``infiniband``, else RoCE) in ``class/infiniband``."""
     bridges: bool = False
     """List the root ports above the GPUs and NICs in ``bus/pci/devices`` too (as real
     sysfs does).  Off by default: they double the cost of every PCIe scan, and a fleet of
@@ -122,6 +191,8 @@ class NodeTreePaths:
     """``tempN_input`` files."""
     disks: tuple[str, ...]
     """SMART JSON files (relative to the node dir)."""
+    rdma_ports: tuple[str, ...] = ()
+    """Real directories of the RDMA ports, ``devices/.../infiniband/mlx5_0/ports/1``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +326,96 @@ def _pci_device(
     return dev_dir
 
 
+def rdma_device(index: int) -> str:
+    """The RDMA device name of NIC ``index``: ``mlx5_0``, ..."""
+    return f"{RDMA_DRIVER}_{index}"
+
+
+def rdma_port_names(spec: NodeSpec) -> tuple[str, ...]:
+    """The ``<device>/<port>`` names of a spec's RDMA ports (``NodeTopology.rdma_ports``)."""
+    return tuple(f"{rdma_device(j)}/1" for j in range(spec.nics)) if spec.rdma else ()
+
+
+def port_name(port_dir: str) -> str:
+    """``mlx5_0/1`` for ``devices/.../infiniband/mlx5_0/ports/1``."""
+    parts = port_dir.split("/")
+    return f"{parts[-3]}/{parts[-1]}"
+
+
+def netdev_name(bus: int, infiniband: bool) -> str:
+    """The predictable name of the netdev on PCI bus ``bus``: IPoIB ``ibp48s0``, or the
+    Ethernet port of a RoCE NIC ``enp48s0np0``."""
+    return f"ibp{bus}s0" if infiniband else f"enp{bus}s0np0"
+
+
+def _rdma_device(
+    files: dict[str, str],
+    links: dict[str, str],
+    nic_dir: str,
+    index: int,
+    bus: int,
+    *,
+    infiniband: bool,
+    rng: random.Random,
+) -> str:
+    """An mlx5 device on the NIC at ``nic_dir`` with one port and its netdev, shaped as
+    the kernel shows them; return the port's real directory."""
+    name = rdma_device(index)
+    dev = f"{nic_dir}/infiniband/{name}"
+    base = f"{SYS}/{dev}"
+    guid = ":".join(f"{rng.randrange(16**4):04x}" for _ in range(4))
+    files[f"{base}/board_id"] = RDMA_BOARD_ID + "\n"
+    files[f"{base}/fw_ver"] = RDMA_FW_VER + "\n"
+    files[f"{base}/hca_type"] = RDMA_HCA_TYPE + "\n"
+    files[f"{base}/hw_rev"] = "0x0\n"
+    files[f"{base}/node_type"] = "1: CA\n"
+    files[f"{base}/node_guid"] = guid + "\n"
+    files[f"{base}/sys_image_guid"] = guid + "\n"
+    links[f"{base}/device"] = "../../../" + nic_dir.rsplit("/", 1)[1]
+    class_link = f"{SYS}/class/infiniband/{name}"
+    links[class_link] = posixpath.relpath(base, posixpath.dirname(class_link))
+
+    port = f"{dev}/ports/1"
+    p = f"{SYS}/{port}"
+    files[f"{p}/state"] = STATE_ACTIVE + "\n"
+    files[f"{p}/phys_state"] = PHYS_LINK_UP + "\n"
+    files[f"{p}/rate"] = RDMA_RATE + "\n"
+    files[f"{p}/link_layer"] = (LINK_LAYER_IB if infiniband else LINK_LAYER_ETH) + "\n"
+    files[f"{p}/lid"] = (f"0x{rng.randrange(1, 0xBFFF):x}" if infiniband else "0x0") + "\n"
+    files[f"{p}/sm_lid"] = ("0x1" if infiniband else "0x0") + "\n"
+    files[f"{p}/lid_mask_count"] = "0\n"
+    words = rng.randrange(10**7, 10**8)
+    packets = words // 1024
+    start = {
+        "port_xmit_data": words,
+        "port_rcv_data": words + rng.randrange(10**6),
+        "port_xmit_packets": packets,
+        "port_rcv_packets": packets,
+        "unicast_xmit_packets": packets,
+        "unicast_rcv_packets": packets,
+    }
+    for counter, value in start.items():
+        files[f"{p}/counters/{counter}"] = f"{value}\n"
+    for counter in RDMA_FLAT_COUNTERS:
+        files[f"{p}/counters/{counter}"] = "0\n"
+    for counter in HW_COUNTERS_IB if infiniband else HW_COUNTERS_ROCE:
+        files[f"{p}/hw_counters/{counter}"] = "0\n"
+
+    ifname = netdev_name(bus, infiniband)
+    if not infiniband:  # RoCE GIDs name their netdev; an IB port's refuse to be read
+        for gid, kind in enumerate(("IB/RoCE v1", "RoCE v2")):
+            files[f"{p}/gid_attrs/ndevs/{gid}"] = ifname + "\n"
+            files[f"{p}/gid_attrs/types/{gid}"] = kind + "\n"
+    net = f"{nic_dir}/net/{ifname}"
+    files[f"{SYS}/{net}/dev_port"] = "0\n"
+    files[f"{SYS}/{net}/operstate"] = "up\n"
+    files[f"{SYS}/{net}/mtu"] = ("4092" if infiniband else "9000") + "\n"
+    files[f"{SYS}/{net}/type"] = ("32" if infiniband else "1") + "\n"
+    net_link = f"{SYS}/class/net/{ifname}"
+    links[net_link] = posixpath.relpath(f"{SYS}/{net}", posixpath.dirname(net_link))
+    return port
+
+
 def _hwmon_chip(
     files: dict[str, str], links: dict[str, str], chip: str, number: int, name: str
 ) -> str:
@@ -296,6 +457,16 @@ def layout(spec: NodeSpec, seed: int) -> Layout:
             bridge=spec.bridges,
         )
         for j in range(spec.nics)
+    )
+
+    rdma_rng = random.Random(f"rdma-{seed}")  # its own: the other parts stay as they were
+    rdma_ports = (
+        tuple(
+            _rdma_device(files, links, nic, j, 0x30 + j, infiniband=spec.infiniband, rng=rdma_rng)
+            for j, nic in enumerate(nics)
+        )
+        if spec.rdma
+        else ()
     )
 
     mcs: list[str] = []
@@ -362,6 +533,7 @@ def layout(spec: NodeSpec, seed: int) -> Layout:
         fans=tuple(fans),
         temps=tuple(temps),
         disks=tuple(disks),
+        rdma_ports=rdma_ports,
     )
     return Layout(files=files, links=links, tree=paths)
 
