@@ -3,12 +3,19 @@ emulator, and a remediator that trusts its certificate (tests/integration/redfis
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+from metalguard.agent.bmc.commands import BmcCommandService
 from metalguard.agent.bmc.remediation import Remediator, open_control
 from metalguard.agent.bmc.targets import BmcTarget
+from metalguard.agent.connection import NatsSettings
+from metalguard.proto.subjects import Subjects
 from tests.integration.redfish_emulator import PASSWORD, USER, RunningEmulator
+from tests.waiting import wait_until
 
 
 def credentials(tmp_path: Path, user: str = USER, password: str = PASSWORD) -> str:
@@ -43,3 +50,25 @@ def remediator(run: RunningEmulator, **kw: object) -> Remediator:
     opener = functools.partial(open_control, cafile=str(run.certificate.cert))
     settings: dict[str, object] = {"poll_s": 0.01, "transition_timeout_s": 5.0, **kw}
     return Remediator(opener=opener, **settings)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def command_service(
+    run: RunningEmulator, tmp_path: Path, nats_url: str, subjects: Subjects
+) -> AsyncIterator[BmcCommandService]:
+    """A bmc-proxy's command service for the emulator's node, subscribed and running."""
+    svc = BmcCommandService(
+        [bmc_target(run, tmp_path)],
+        remediator(run, store=tmp_path / "outcomes.jsonl"),
+        NatsSettings(servers=(nats_url,)),
+        subjects,
+    )
+    await svc.start()
+    task = asyncio.create_task(svc.run())
+    await wait_until(lambda: svc.subscribed, 10, "the command subscriptions")
+    try:
+        yield svc
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await svc.close()

@@ -3,7 +3,6 @@ BmcCommandService against the Redfish emulator (agent/bmc/commands.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,14 +11,12 @@ import pytest
 from nats.aio.client import Client
 
 from metalguard.agent.bmc.commands import BmcCommandService
-from metalguard.agent.connection import NatsSettings
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import Command, CommandReply, CommandStatus
 from metalguard.proto.subjects import Subjects
-from tests.integration.bmc_client import bmc_target, remediator
+from tests.integration.bmc_client import command_service
 from tests.integration.redfish_emulator import RunningEmulator
-from tests.waiting import wait_until
 
 NODE = NodeIdentity(region="eu1", cluster="trainA", node="gpu017")
 
@@ -28,21 +25,8 @@ NODE = NodeIdentity(region="eu1", cluster="trainA", node="gpu017")
 async def service(
     bmc: RunningEmulator, tmp_path: Path, nats_url: str, subjects: Subjects
 ) -> AsyncIterator[BmcCommandService]:
-    svc = BmcCommandService(
-        [bmc_target(bmc, tmp_path)],
-        remediator(bmc, store=tmp_path / "outcomes.jsonl"),
-        NatsSettings(servers=(nats_url,)),
-        subjects,
-    )
-    await svc.start()
-    task = asyncio.create_task(svc.run())
-    await wait_until(lambda: svc.subscribed, 10, "the command subscriptions")
-    try:
+    async with command_service(bmc, tmp_path, nats_url, subjects) as svc:
         yield svc
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await svc.close()
 
 
 async def ask(

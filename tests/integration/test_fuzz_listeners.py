@@ -9,7 +9,6 @@ valid one is taken once; the listener keeps serving.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +18,6 @@ import pytest
 from nats.aio.client import Client
 
 from metalguard.agent.bmc.commands import BmcCommandService
-from metalguard.agent.connection import NatsSettings
 from metalguard.controller.api.sse import NatsEventSource
 from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.store import JobStore
@@ -40,7 +38,7 @@ from metalguard.proto.jobs import Job, JobStatus, MemberState
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.integration.bmc_client import bmc_target, remediator
+from tests.integration.bmc_client import command_service
 from tests.integration.garbage import bad_messages, oversized
 from tests.integration.redfish_emulator import RunningEmulator
 from tests.integration.slurm_cluster import NODE as SLURM_NODE
@@ -65,21 +63,8 @@ def batch(node: NodeIdentity) -> TelemetryBatch:
 async def bmc_service(
     bmc: RunningEmulator, tmp_path: Path, nats_url: str, subjects: Subjects
 ) -> AsyncIterator[BmcCommandService]:
-    svc = BmcCommandService(
-        [bmc_target(bmc, tmp_path)],
-        remediator(bmc, store=tmp_path / "outcomes.jsonl"),
-        NatsSettings(servers=(nats_url,)),
-        subjects,
-    )
-    await svc.start()
-    task = asyncio.create_task(svc.run())
-    await wait_until(lambda: svc.subscribed, 10, "the command subscriptions")
-    try:
+    async with command_service(bmc, tmp_path, nats_url, subjects) as svc:
         yield svc
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await svc.close()
 
 
 def bmc_command(

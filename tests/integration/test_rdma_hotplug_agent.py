@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -23,50 +22,19 @@ from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
 from tests.unit.rdma_trees import ROCE, write_device
+from tests.unit.uevent_monitor import SocketMonitor
 
 WAIT_S = 10.0
 DEVPATH = "/devices/pci0000:00/0000:3c:00.0/infiniband/mlx5_1"
 
 
-class _Uevent:
-    """What pyudev's Device gives the monitor: properties and an action."""
-
-    def __init__(self, props: dict[str, str]) -> None:
-        self.properties = props
-        self.action = props["ACTION"]
-
-
-class _SocketMonitor:
-    """A uevent monitor whose fd is one end of a socketpair: each pushed uevent makes it
-    readable, as the kernel's netlink socket would be."""
-
-    def __init__(self) -> None:
-        self.ours, self.theirs = socket.socketpair()
-        self.ours.setblocking(False)
-        self.pending: list[_Uevent] = []
-
-    def push(self, action: str) -> None:
-        props = {"ACTION": action, "SUBSYSTEM": "infiniband", "DEVPATH": DEVPATH}
-        self.pending.append(_Uevent(props))
-        self.theirs.send(b"x")
-
-    def fileno(self) -> int:
-        return self.ours.fileno()
-
-    def poll(self, timeout: float | None = None) -> _Uevent | None:
-        if not self.pending:
-            return None
-        self.ours.recv(1)
-        return self.pending.pop(0)
-
-    def close(self) -> None:
-        self.ours.close()
-        self.theirs.close()
+def uevent(action: str) -> dict[str, str]:
+    return {"ACTION": action, "SUBSYSTEM": "infiniband", "DEVPATH": DEVPATH}
 
 
 @pytest.fixture
-def monitor() -> Iterator[_SocketMonitor]:
-    mon = _SocketMonitor()
+def monitor() -> Iterator[SocketMonitor]:
+    mon = SocketMonitor()
     yield mon
     mon.close()
 
@@ -131,7 +99,7 @@ def _drain(queue: asyncio.Queue[TelemetryBatch]) -> None:
 
 
 async def test_unplugged_device_leaves_no_stale_port_and_comes_back(
-    tmp_path: Path, nats_url: str, nc: Client, subjects: Subjects, monitor: _SocketMonitor
+    tmp_path: Path, nats_url: str, nc: Client, subjects: Subjects, monitor: SocketMonitor
 ) -> None:
     sysfs = tmp_path / "sys"
     write_device(sysfs, "mlx5_0", {1: ROCE})
@@ -169,7 +137,7 @@ async def test_unplugged_device_leaves_no_stale_port_and_comes_back(
         (sysfs / "class/infiniband/mlx5_1").unlink()
         shutil.rmtree(gone)
         _drain(batches)
-        monitor.push("remove")
+        monitor.push(uevent("remove"))
         removed = await asyncio.wait_for(events.get(), WAIT_S)
         assert (removed.kind, removed.source, removed.device) == (
             "device_removed", "udev", "mlx5_1",
@@ -178,7 +146,7 @@ async def test_unplugged_device_leaves_no_stale_port_and_comes_back(
         assert [p.device for p in after.rdma] == ["mlx5_0"]
 
         write_device(sysfs, "mlx5_1", {1: ROCE, 2: ROCE}, pci="0000:3c:00.0")
-        monitor.push("add")
+        monitor.push(uevent("add"))
         back = await _next_batch(batches, {"mlx5_0", "mlx5_1"}, "with the device back")
         assert {(p.device, p.port) for p in back.rdma} == {
             ("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_1", 2),

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 
 import pytest
 
@@ -19,6 +17,7 @@ from metalguard.agent.collectors.udev import (
 )
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NODE_EVENT_KINDS, NodeEvent
+from tests.unit.uevent_monitor import SocketMonitor, Uevent
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
 
@@ -147,54 +146,20 @@ def test_subsystems_are_configurable_and_kinds_declared() -> None:
     } <= NODE_EVENT_KINDS
 
 
-@dataclass
-class _Device:
-    """What pyudev.Device offers the monitor: properties and action."""
-
-    properties: dict[str, str]
-    action: str | None
-
-
 def test_device_properties_fill_in_action() -> None:
     props = {k: v for k, v in VETH_ADD.items() if k != "ACTION"}
-    assert device_properties(_Device(props, "add"))["ACTION"] == "add"
-
-
-class _SocketMonitor:
-    """A monitor whose fd is a real socket: each pushed uevent makes it readable."""
-
-    def __init__(self) -> None:
-        self.ours, self.theirs = socket.socketpair()
-        self.ours.setblocking(False)
-        self.pending: list[_Device] = []
-
-    def push(self, props: dict[str, str]) -> None:
-        self.pending.append(_Device(props, props.get("ACTION")))
-        self.theirs.send(b"x")
-
-    def fileno(self) -> int:
-        return self.ours.fileno()
-
-    def poll(self, timeout: float | None = None) -> _Device | None:
-        if not self.pending:
-            return None
-        self.ours.recv(1)
-        return self.pending.pop(0)
-
-    def close(self) -> None:
-        self.ours.close()
-        self.theirs.close()
+    assert device_properties(Uevent(props, "add"))["ACTION"] == "add"
 
 
 @pytest.fixture
-def fake_monitor() -> Iterator[_SocketMonitor]:
-    mon = _SocketMonitor()
+def fake_monitor() -> Iterator[SocketMonitor]:
+    mon = SocketMonitor()
     yield mon
     mon.close()
 
 
 async def test_monitor_publishes_each_watched_uevent_through_emit(
-    fake_monitor: _SocketMonitor,
+    fake_monitor: SocketMonitor,
 ) -> None:
     got: asyncio.Queue[NodeEvent] = asyncio.Queue()
     opened: list[tuple[str, ...]] = []
