@@ -41,6 +41,7 @@ from metalguard.controller.ingest.settings import tune_gc
 from metalguard.controller.jobs.manager import JobManager
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.leader import Leadership, region_leadership
+from metalguard.controller.listener_metrics import ListenerCollector
 from metalguard.controller.qos import QosStore
 from metalguard.controller.region import RegionController
 from metalguard.controller.state.store import NodeStore
@@ -242,6 +243,12 @@ async def _serve(
             leading=leadership.leading,
             latency_ms=cfg.federation.latency_ms,
         )
+    ingest.metrics.registry.register(
+        ListenerCollector(
+            lambda: jobs.bad_events,
+            (lambda: federation.bad_messages) if federation is not None else None,
+        )
+    )
     served_jobs: JobsView = jobs
     if federation is not None:  # docs/federation.md: forwarding and lookups
         served_jobs = FederatedJobs(jobs, federation, leading=leadership.leading)

@@ -68,6 +68,8 @@ async def test_the_controller_serves_its_loop_lag(
               figure(text, "metalguard_event_loop_lag_p99_seconds"))  # fmt: skip
         assert figure(text, "metalguard_event_loop_lag_seconds") >= 0.0
         assert "metalguard_nodes{" in text  # the other gauges are still there
+        assert figure(text, "metalguard_job_bad_events_total") == 0.0  # listener counts
+        assert "metalguard_federation_bad_messages_total" not in text  # no [federation]
         proc.terminate()
         assert await asyncio.wait_for(proc.wait(), DEADLINE_S) == 0, "".join(seen)
         await drain
