@@ -105,7 +105,12 @@ class CommandHandler:
 
     # --- the idempotent core ----------------------------------------------------------
     async def handle(self, cmd: Command) -> CommandReply:
-        """The reply to ``cmd``; a known id gets its stored reply with ``duplicate``."""
+        """The reply to ``cmd``; a known id gets its stored reply with ``duplicate``; a
+        blank id is refused (every blank id would share one idempotency key)."""
+        if not cmd.command_id.strip():
+            return self._reply(
+                cmd, False, CommandStatus.REJECTED, "command_id is empty: a command needs an id"
+            )
         stored = self._done.get(cmd.command_id)
         if stored is not None:
             return msgspec.structs.replace(stored, duplicate=True)

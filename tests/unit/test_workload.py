@@ -138,6 +138,12 @@ async def test_handler_is_idempotent_bounded_and_rejects_expired(tmp_path: Path)
         )
     )
     assert other.status == "rejected"
+    executed = handler.executed
+    for blank in ("", "  "):  # every blank id would share one idempotency key
+        refused = await handler.handle(_cmd(blank))
+        assert (refused.status, refused.duplicate) == ("rejected", False)
+        assert "command_id is empty" in refused.message
+    assert handler.executed == executed
     unknown = await handler.handle(_cmd("u", verb="reboot"))
     assert "unknown verb" in unknown.message
     stop = await handler.handle(_cmd("s", verb="stop", args={"job_id": "nope"}))
