@@ -59,7 +59,7 @@ SERVER_FIXTURES = {"nats_server", "nats_url", "nc", "subjects", "fresh_server"}
 UNIT_ALLOWED = {
     # socket.socketpair() stands in for the kernel's uevent netlink fd: an in-process pair
     # of descriptors, nothing binds, listens or connects.
-    "test_udev.py": {"socket"},
+    "uevent_monitor.py": {"socket"},
 }
 
 
