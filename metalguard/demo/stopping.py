@@ -134,7 +134,11 @@ class Stopper:
             return
         if self.asked_at is None:
             self.asked_at = self._clock()
-        self._poke.set()
+        # No lock here: the handler runs on the main thread between two bytecodes, maybe
+        # inside ``self._poke.set()`` (arm, stopping), whose lock it would wait for forever
+        # (seen once: a SIGINT right after "running" hung the demo and its watchdog). The
+        # watchdog reads ``asked_at`` within its 0.5-s poll; call_soon_threadsafe takes
+        # no lock (a deque append and a byte to the loop's self-pipe).
         with contextlib.suppress(RuntimeError):  # a closed loop: past the stop already
             self._loop.call_soon_threadsafe(self.requested.set)
 

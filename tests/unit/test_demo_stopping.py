@@ -129,3 +129,23 @@ def test_the_lag_counts_from_the_deadline(loop: asyncio.AbstractEventLoop) -> No
     assert s.requested.is_set()
     s.finished()
     s.uninstall()
+
+
+def test_the_signal_handler_takes_no_lock_its_own_thread_may_hold(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """A signal runs its handler on the main thread, possibly inside the watchdog's
+    Event.set() (arm, stopping): a handler that took that lock would wait forever."""
+    calls = Calls()
+    s = stopper(loop, calls)
+    returned = threading.Event()
+
+    def signal_inside_poke_set() -> None:
+        with s._poke._cond:  # type: ignore[attr-defined]  # the lock Event.set() holds
+            s._on_signal(signal.SIGINT, None)
+        returned.set()
+
+    threading.Thread(target=signal_inside_poke_set, daemon=True).start()
+    assert returned.wait(5), "the signal handler blocked on a lock its own thread held"
+    assert s.asked_at is not None
+    s.finished()
