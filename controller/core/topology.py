@@ -13,7 +13,6 @@ controller's batch intake) and turns node records into the scheduler's ``FleetNo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
 
 import msgspec
 
@@ -22,7 +21,7 @@ from metalguard.proto.access import ConfigSection
 from metalguard.proto.base import NodeIdentity, NonNegInt
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.telemetry import TelemetryBatch
-from metalguard.proto.topology import NodeTopology
+from metalguard.proto.topology import NodeTopology, NonNegFloat, RdmaPortName
 
 FIELDS: tuple[str, ...] = NodeTopology.__struct_fields__
 
@@ -37,8 +36,8 @@ class RackOverride(ConfigSection, frozen=True):
     cpu_cores: NonNegInt | None = None
     memory_gb: NonNegInt | None = None
     bandwidth_tier: NonNegInt | None = None
-    rdma_ports: tuple[str, ...] | None = None
-    rdma_rate_gbps: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    rdma_ports: tuple[RdmaPortName, ...] | None = None
+    rdma_rate_gbps: NonNegFloat | None = None
 
 
 class TopologyOverride(RackOverride, frozen=True):
