@@ -24,6 +24,7 @@ from nats.js import JetStreamContext
 
 from metalguard.agent.batch import CycleResult, build_batch
 from metalguard.agent.collection import Collection, UnknownCollectorError, resolve_enabled
+from metalguard.agent.collectors.rdma import NAME as RDMA_COLLECTOR
 from metalguard.agent.config import AgentConfig, ConfigError, load_config
 from metalguard.agent.events import detect_events
 from metalguard.agent.metrics import MetricsServer
@@ -48,10 +49,6 @@ log = logging.getLogger(__name__)
 FLUSH_TIMEOUT_S = 10.0
 """How long SIGTERM waits for queued messages to be acknowledged before spooling them
 (well inside the unit's TimeoutStopSec)."""
-
-
-RDMA_COLLECTOR = "rdma"
-"""The collector whose fresh readings the QoS reconciler's DCQCN check takes."""
 
 
 def _new_event_id() -> str:
