@@ -15,7 +15,7 @@ import msgspec
 from metalguard.agent.bmc.targets import BmcTarget
 from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
 from metalguard.proto.addresses import AddressError, parse_listen
-from metalguard.proto.base import Token
+from metalguard.proto.base import DatasetName, Token
 from metalguard.proto.documents import DocumentError, load_document
 from metalguard.proto.topology import NodeTopology
 
@@ -136,6 +136,41 @@ class WorkloadSection(_Section, frozen=True):
     """What a ``python``/``python3`` command runs (default: the agent's interpreter)."""
 
 
+CachePolicyName = Annotated[str, msgspec.Meta(pattern=r"^(auto|lru|pin)$")]
+
+
+class CacheDataset(_Section, frozen=True):
+    """``[[cache.datasets]]``: one node-local dataset cache (docs/cache.md)."""
+
+    name: DatasetName
+    source: Annotated[str, msgspec.Meta(min_length=1)]
+    """A path (a local, NFS or Lustre mount) or an fsspec URL (``s3://``, ``http://``, ...)."""
+    cache_dir: Annotated[str, msgspec.Meta(min_length=1)]
+    """The cache's directory on the node's NVMe (its ``stats.json`` is what the agent reads)."""
+    max_bytes: Annotated[int, msgspec.Meta(ge=1)]
+    mountpoint: str = ""
+    """Where ``metalguard cache mount`` presents it (empty: the fsspec path only)."""
+    policy: CachePolicyName = "auto"
+    min_free_bytes: Annotated[int, msgspec.Meta(ge=0)] = 1024 * MIB
+    """Free space kept on the cache's disk: below it the cache stops filling (pass-through)."""
+    metadata_ttl_s: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    """How long a listing of the source (sizes, mtimes, ETags) is trusted before re-reading."""
+
+
+class CacheSection(_Section, frozen=True):
+    """``[cache]``: the node's dataset caches (docs/cache.md)."""
+
+    stats_interval_s: Annotated[float, msgspec.Meta(ge=0.1)] = 2.0
+    """How often a cache process rewrites its ``stats.json``."""
+    datasets: tuple[CacheDataset, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [d.name for d in self.datasets]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"datasets: name {duplicates[0]!r} is used twice")
+
+
 ListenAddress = Annotated[
     str, msgspec.Meta(pattern=r"^$|^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+):[0-9]{1,5}$")
 ]
@@ -170,6 +205,7 @@ class AgentConfig(_Section, frozen=True):
     events: EventsSection = EventsSection()
     workload: WorkloadSection = WorkloadSection()
     metrics: MetricsSection = MetricsSection()
+    cache: CacheSection = CacheSection()
 
 
 def parse_config(text: str, source: str = "<config>") -> AgentConfig:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metalguard.proto.telemetry import RdmaPort, TelemetryBatch
+from metalguard.proto.telemetry import DatasetCache, RdmaPort, TelemetryBatch
 
 RDMA_ERROR_COUNTERS = ("link_downed", "link_error_recovery", "symbol_error", "port_rcv_errors")
 """The error counters an ``rdma`` line shows (``-``: the port has no such counter)."""
@@ -74,6 +74,7 @@ def render_text(batch: TelemetryBatch) -> str:
                 f"(crit {_n(s.lower_critical)}..{_n(s.upper_critical)})"
             )
     lines.extend(_rdma_line(port) for port in batch.rdma)
+    lines.extend(_cache_line(cache) for cache in batch.cache)
     for run in batch.collectors:
         ok = "ok" if run.success else "FAILED"
         lines.append(f"run   {run.collector}: {ok} in {run.duration_s * 1000:.1f} ms")
@@ -91,4 +92,20 @@ def _rdma_line(port: RdmaPort) -> str:
     return (
         f"rdma  {port.device}/{port.port} {port.state or '-'} {port.phys_state or '-'} "
         f"{rate} {port.link_layer or '-'} netdev={port.netdev or '-'} {counters}{flag}"
+    )
+
+
+def _cache_line(cache: DatasetCache) -> str:
+    """One dataset cache: occupancy, hit ratio, bytes from cache and source, policy."""
+    if cache.ts <= 0:
+        return f"cache {cache.dataset}: not running (max {cache.max_bytes} B) {cache.cache_dir}"
+    reads = cache.hits + cache.misses
+    ratio = f"{cache.hits / reads:.0%}" if reads else "-"
+    pattern = f"/{cache.pattern}" if cache.pattern else ""
+    return (
+        f"cache {cache.dataset}: {cache.used_bytes}/{cache.max_bytes} B in "
+        f"{cache.cached_files} files, hits {cache.hits} misses {cache.misses} ({ratio}), "
+        f"from cache {cache.bytes_from_cache} B, from source {cache.bytes_from_source} B, "
+        f"evictions {cache.evictions}, policy {cache.policy or '-'}{pattern}, "
+        f"warnings {cache.warnings} mount={cache.mountpoint or '-'}"
     )

@@ -240,7 +240,7 @@ class AgentService:
         ``[workload]`` changes take effect at restart."""
         if not self.config.workload.enabled:
             return []
-        from metalguard.agent.workload.service import WorkloadService
+        from metalguard.agent.workload.service import WorkloadService, dataset_dirs
 
         workload = WorkloadService(
             self.config.workload,
@@ -249,6 +249,7 @@ class AgentService:
             self._publisher.connection.settings,
             self._publisher.subjects,
             wall_clock=self._wall,
+            datasets=lambda: dataset_dirs(self.config.cache),
         )
         try:
             await workload.start()

@@ -29,4 +29,5 @@ def collector_settings(config: AgentConfig) -> CollectorSettings:
         smart_timeout_s=c.smart_timeout_s,
         smart_concurrency=c.smart_concurrency,
         options=dict(c.options),
+        cache=config.cache,
     )

@@ -20,6 +20,7 @@ from metalguard.controller.core.scoring.config import (
     load_scoring_config,
 )
 from metalguard.controller.core.topology import TopologySection
+from metalguard.controller.provision.spec import node_problems
 from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
 from metalguard.proto.addresses import AddressError, parse_listen
 from metalguard.proto.base import Token
@@ -117,6 +118,85 @@ class FederationSection(_Section, frozen=True):
     a region not listed uses the latency measured between controllers over NATS."""
 
 
+class ProvisionNodeSection(_Section, frozen=True):
+    """One ``[[provision.nodes]]`` entry: a node the service may deploy and its boot MAC."""
+
+    node: str
+    """The node's handle, ``region.cluster.node``."""
+    mac: str
+    """The MAC its firmware network-boots with (``52:54:00:12:34:01``)."""
+
+
+class ProvisionSection(_Section, frozen=True):
+    """``[provision]``: network boot, tenant volumes, instances (docs/provisioning.md).
+    Without ``enabled = true`` no provisioning service runs."""
+
+    enabled: bool = False
+    data_dir: str = "/var/lib/metalguard/provision"
+    """Base images (``images/``) and tenant volumes (``volumes/``) on the storage host."""
+    boot_listen: str = "127.0.0.1:8490"
+    """Where the boot server (iPXE scripts, kernel, initrd, ready reports) listens."""
+    boot_url: str = ""
+    """The boot server's base URL as the nodes reach it ("" = ``http://<boot_listen>``)."""
+    nbd_listen: str = "127.0.0.1:10809"
+    """Where the NBD export server (one qemu-storage-daemon) listens."""
+    nbd_host: str = ""
+    """The NBD server's address as the nodes reach it ("" = ``nbd_listen``'s host)."""
+    nbd_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    """... and its port (0 = ``nbd_listen``'s port)."""
+    kernel: str = ""
+    """The kernel served as ``/files/vmlinuz``."""
+    initrd: str = ""
+    """The initramfs (with the ``nbdroot=`` client) served as ``/files/initrd``."""
+    kernel_args: str = ""
+    """More kernel command-line words for every boot, after the boot chain's own (a VM
+    under TCG boots ~3-10 s faster with ``quiet cryptomgr.notests rodata=off acpi=off``)."""
+    deploy_timeout_s: Seconds = 600.0
+    """A boot with no ready report by then failed (retried on another node for a request
+    that named none)."""
+    deploy_attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 3
+    """The most nodes one request is tried on."""
+    max_failures: Annotated[int, msgspec.Meta(ge=0)] = 3
+    """Consecutive failed deploys after which a node is flagged (0: never)."""
+    bmc_timeout_s: Seconds = 300.0
+    """How long a BMC command (PXE override, power cycle) may take to answer."""
+    tick_s: Seconds = 1.0
+    """How often deadlines, node grades and unfinished releases are looked at."""
+    image_source_dirs: tuple[str, ...] = ()
+    """Directories an image may be built from (``POST /v1/images`` with a ``directory``):
+    the directory must lie below one of them.  Empty: any directory the controller can
+    read (what an admin token then reaches: keep it set in production)."""
+    nodes: tuple[ProvisionNodeSection, ...] = ()
+
+    def __post_init__(self) -> None:
+        relative = [d for d in self.image_source_dirs if not d.startswith("/")]
+        if relative:
+            raise ValueError(f"image_source_dirs: {relative[0]!r} is not an absolute path")
+        for key in ("boot_listen", "nbd_listen"):
+            try:
+                parse_listen(getattr(self, key))
+            except AddressError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+        if self.boot_url and not self.boot_url.startswith(("http://", "https://")):
+            raise ValueError("boot_url: must start with http:// or https://")
+        problems = node_problems((n.node, n.mac) for n in self.nodes)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def base_url(self) -> str:
+        """The boot server's URL as the nodes reach it, without a trailing slash."""
+        if self.boot_url:
+            return self.boot_url.rstrip("/")
+        return f"http://{self.boot_listen}"
+
+    @property
+    def nbd_endpoint(self) -> tuple[str, int]:
+        """The NBD server's (host, port) as the nodes reach it."""
+        listen = parse_listen(self.nbd_listen)
+        return self.nbd_host or listen.host, self.nbd_port or listen.port or 10809
+
+
 class ControllerConfig(_Section, frozen=True):
     """The whole file."""
 
@@ -135,6 +215,8 @@ class ControllerConfig(_Section, frozen=True):
     topology: TopologySection = TopologySection()
     """``[topology]``: zones of clusters, per-rack and per-node overrides of what the
     nodes report (docs/scheduler.md)."""
+    provision: ProvisionSection = ProvisionSection()
+    """``[provision]``: network boot and tenant volumes (docs/provisioning.md)."""
 
     def scoring_config(self, base: Path | None = None) -> ScoringConfig:
         """The scoring config (a relative path is read from ``base``); ConfigError if bad."""

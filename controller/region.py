@@ -285,6 +285,10 @@ class RegionController:
         """Each cluster's congestion now (docs/qos.md, "Congestion per cluster")."""
         return self.congestion.view(self._clock())
 
+    def warm_datasets(self, handle: str) -> frozenset[str]:
+        """The datasets warm on the node as of its newest batch (for the API)."""
+        return self.topology.warm_datasets(handle)
+
     def recent_readings(self, handle: str) -> dict[str, Any]:
         """What the node page shows beside the record: the QoS verdicts of the node's
         newest batch and its BMC's newest out-of-band word (empty when none)."""

@@ -42,6 +42,8 @@ from metalguard.controller.jobs.manager import JobManager
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.leader import Leadership, region_leadership
 from metalguard.controller.listener_metrics import ListenerCollector
+from metalguard.controller.provision.run import Provisioning
+from metalguard.controller.provision.storage import StorageError
 from metalguard.controller.qos import QosStore
 from metalguard.controller.region import RegionController
 from metalguard.controller.state.store import NodeStore
@@ -199,6 +201,11 @@ async def _serve(
         store = await NodeStore.open(js, subjects)
         job_store = await JobStore.open(js, subjects)
         leadership = await start_leadership(js, subjects, cfg)
+        provisioning = None
+        if cfg.provision.enabled:  # docs/provisioning.md
+            provisioning = await Provisioning.open(
+                nc, js, subjects, cfg.region, cfg.provision, store, leadership.leading
+            )
     except NatsError as exc:
         print(f"metalguard: JetStream setup failed: {exc}", file=sys.stderr)
         return 1
@@ -266,6 +273,7 @@ async def _serve(
                 leadership,
                 served_jobs,
                 fleet=federation,
+                provision=provisioning.service if provisioning is not None else None,
             )
         except ConfigError as exc:
             print(f"metalguard: {exc}", file=sys.stderr)
@@ -282,6 +290,8 @@ async def _serve(
         tune_gc()  # state loaded: freeze it, raise the thresholds (docs/ingest.md)
         await ingest.start()
         await jobs.start()
+        if provisioning is not None:
+            await provisioning.start()
         if federation is not None:
             await federation.start()
         log.info("controller for region %s running: %d nodes known", cfg.region, len(store.records))
@@ -290,9 +300,14 @@ async def _serve(
     except NatsError as exc:
         print(f"metalguard: controller failed: {exc}", file=sys.stderr)
         return 1
+    except (StorageError, OSError) as exc:
+        print(f"metalguard: provisioning failed to start: {exc}", file=sys.stderr)
+        return 1
     finally:
         if api is not None:
             await api.cleanup()
+        if provisioning is not None:
+            await provisioning.stop()
         if federation is not None:
             await federation.stop()
         await jobs.stop()

@@ -29,18 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    from metalguard.agent.cache.cli import add_cache_parser
     from metalguard.agent.cli import add_agent_parser
     from metalguard.controller.cli.creds import add_creds_parser
     from metalguard.controller.cli.jobs import add_jobs_parser
     from metalguard.controller.cli.ops import add_ops_parsers
+    from metalguard.controller.cli.provision import add_provision_parser
     from metalguard.controller.cli.qos import add_qos_parser
 
     add_agent_parser(sub)
+    add_cache_parser(sub)
     _add_controller_parser(sub)
     add_ops_parsers(sub)
     add_creds_parser(sub)
     add_qos_parser(sub)
     add_jobs_parser(sub)
+    add_provision_parser(sub)
     _add_demo_parser(sub)
     _add_slurm_bridge_parser(sub)
     return parser

@@ -26,6 +26,10 @@ Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Token = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^.*>\s]+\Z")]
 """A string that is safe as one NATS subject token."""
 
+DATASET_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z"
+"""A dataset's name (``[[cache.datasets]]`` in agent.toml, a job's ``dataset``)."""
+DatasetName = Annotated[str, msgspec.Meta(pattern=DATASET_NAME_PATTERN)]
+
 AttrValue = str | int | float | bool | None
 """A scalar for free-form attributes (event details, command arguments, results)."""
 

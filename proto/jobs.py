@@ -55,6 +55,10 @@ class Job(Message, frozen=True, tag="job"):
     hang_timeout: float = 0.0
     max_restarts: NonNegInt = 3
     submitted_ts: float = 0.0
+    dataset: str = ""
+    """The dataset the job reads (a ``[[cache.datasets]]`` name, docs/cache.md): among
+    placements equal in topology the scheduler prefers nodes where it is warm, and each
+    member gets ``MG_DATASET`` and ``MG_DATASET_DIR`` (the node's mount of it)."""
 
 
 class CheckpointRef(Record, frozen=True):

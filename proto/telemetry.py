@@ -337,6 +337,48 @@ class QosInterfaceStatus(Record, frozen=True):
     DCQCN counter findings (each naming its counters)."""
 
 
+class DatasetCache(Record, frozen=True):
+    """One node-local dataset cache (``metalguard cache mount``), as its process last wrote
+    it to ``<cache_dir>/stats.json`` (docs/cache.md).  Counters count since that process
+    started; the agent reads the file, it never talks to the cache process."""
+
+    dataset: str
+    """The dataset's name (a job's ``dataset = "NAME"``)."""
+    source: str = ""
+    """Where misses are read from: a path or an fsspec URL (credentials never included)."""
+    mountpoint: str = ""
+    """Where the FUSE mount presents the dataset ("" when only the fsspec path is used)."""
+    cache_dir: str = ""
+    pid: NonNegInt = 0
+    ts: float = 0.0
+    """Wall-clock time (Unix seconds) the cache process wrote these figures."""
+    policy: str = ""
+    """The policy in force: ``lru``, ``pin``, ... (``auto`` resolves to one of them)."""
+    policy_reason: str = ""
+    """Why that policy: the detected pattern and the evidence (``auto``), or "configured"."""
+    pattern: str = ""
+    """The detected access pattern: ``sequential``, ``shuffled``, ``skewed``, or "" (not
+    enough reads yet)."""
+    max_bytes: NonNegInt = 0
+    used_bytes: NonNegInt = 0
+    """Bytes of complete cached files on the cache disk (never above ``max_bytes``)."""
+    cached_files: NonNegInt = 0
+    dataset_bytes: NonNegInt = 0
+    """Bytes of the dataset's files seen so far (listed or read): 0 when unknown."""
+    hits: NonNegInt = 0
+    misses: NonNegInt = 0
+    bytes_from_cache: NonNegInt = 0
+    bytes_from_source: NonNegInt = 0
+    evictions: NonNegInt = 0
+    prefetched: NonNegInt = 0
+    """Files fetched ahead of a sequential reader."""
+    passthrough_reads: NonNegInt = 0
+    """Reads served straight from the source because the cache could not take them (full
+    or failing cache disk, a file larger than the cache): each one also a warning."""
+    warnings: NonNegInt = 0
+    last_warning: str = ""
+
+
 class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
     """One collection cycle of one node (subject ``<p>.tel.<region>.<cluster>.<node>``)."""
 
@@ -369,3 +411,5 @@ class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
     ``None`` when it configures none."""
     rdma: tuple[RdmaPort, ...] = ()
     """Every port of every RDMA (InfiniBand or RoCE) device (docs/protocol.md)."""
+    cache: tuple[DatasetCache, ...] = ()
+    """Every dataset cache configured on the node (``[[cache.datasets]]``, docs/cache.md)."""

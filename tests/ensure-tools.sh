@@ -23,6 +23,18 @@ command -v busybox >/dev/null 2>&1 || want+=(busybox-static)
 command -v rdma >/dev/null 2>&1 || want+=(iproute2)
 command -v ibv_rc_pingpong >/dev/null 2>&1 || want+=(ibverbs-utils)
 [ -f /etc/libibverbs.d/rxe.driver ] || want+=(ibverbs-providers)  # librxe
+# The dataset cache's FUSE mount (libfuse 3 for mfusepy, fusermount3 to unmount).
+command -v fusermount3 >/dev/null 2>&1 || want+=(fuse3)
+{ ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so\.3 '; } || want+=(libfuse3-3)
+# Provisioning (docs/provisioning.md): qcow2 overlays, the NBD export, the Redfish BMC.
+command -v qemu-img >/dev/null 2>&1 || want+=(qemu-utils)
+command -v qemu-storage-daemon >/dev/null 2>&1 || want+=(qemu-system-common)  # NBD exports
+command -v mke2fs >/dev/null 2>&1 || want+=(e2fsprogs)
+[ -d /usr/lib/ipxe/qemu ] || want+=(ipxe-qemu)
+# The provisioning VM (tests/integration/provision_vm.py): its static NBD client, and the
+# host-side check of a tenant's volume (debugfs is in e2fsprogs).
+command -v gcc >/dev/null 2>&1 || want+=(gcc)
+[ -n "$(find /usr/lib -maxdepth 3 -name libc.a 2>/dev/null | head -n 1)" ] || want+=(libc6-dev)
 [ ${#want[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "ensure-tools: not root or no apt-get; tests needing ${want[*]} will skip" >&2

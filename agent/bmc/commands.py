@@ -35,6 +35,7 @@ VERBS: Final[dict[str, str]] = {
     "bmc_power_cycle": "power_cycle",
     "bmc_force_power_cycle": "force_power_cycle",
     "bmc_pxe_once": "pxe_once",
+    "bmc_power_off": "power_off",
 }
 """Command verb -> remediation action (agent/bmc/remediation.py)."""
 REMEDIABLE: Final = frozenset({"redfish", "ipmi"})

@@ -12,7 +12,8 @@ Actions (:data:`ACTIONS`):
   ``graceful_timeout_s``), power on; an off node is just powered on;
 - ``force_power_cycle``: a hard ``PowerCycle`` when the BMC offers it, else force off and
   power on; an off node is just powered on;
-- ``pxe_once``: one-time boot override to PXE for the next boot (no power change).
+- ``pxe_once``: one-time boot override to PXE for the next boot (no power change);
+- ``power_off``: forced off (an off node stays off; provisioning's release).
 
 Protocols: Redfish (``ComputerSystem.Reset``; ``PATCH`` of
 ``Boot.BootSourceOverrideTarget=Pxe`` + ``BootSourceOverrideEnabled=Once``) and IPMI
@@ -37,7 +38,7 @@ from metalguard.agent.bmc import ipmi, redfish
 from metalguard.agent.bmc.targets import BmcTarget
 from metalguard.proto.events import CommandReply, CommandStatus
 
-Action = Literal["power_status", "power_cycle", "force_power_cycle", "pxe_once"]
+Action = Literal["power_status", "power_cycle", "force_power_cycle", "pxe_once", "power_off"]
 ACTIONS: Final[tuple[str, ...]] = get_args(Action)
 PowerOp = Literal["on", "force_off", "graceful_shutdown", "power_cycle"]
 
@@ -368,6 +369,13 @@ class Remediator:
             message = f"power is {steps.before}"
         elif action == "pxe_once":
             message = await control.pxe_once()
+        elif action == "power_off":
+            if steps.before == "off":
+                message = "was off"
+            else:
+                await control.power("force_off")
+                await self._wait_for(control, "off", self.transition_timeout_s)
+                message = "forced off"
         elif steps.before in ("off", "powering_off"):
             if steps.before == "powering_off":
                 await self._wait_for(control, "off", self.transition_timeout_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 def load_builtin() -> None:
     """Import the built-in collector modules so that they register themselves."""
     from metalguard.agent.collectors import (  # noqa: F401
+        cache,
         edac,
         gpu,
         hwmon,

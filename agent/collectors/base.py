@@ -12,13 +12,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from metalguard.proto.telemetry import CollectorError, CollectorRun
 
+if TYPE_CHECKING:
+    from metalguard.agent.config import CacheSection
+
 log = logging.getLogger(__name__)
 
-BatchField = Literal["edac", "pcie", "hwmon", "smart", "bmc", "gpu", "net", "rdma"]
+BatchField = Literal["edac", "pcie", "hwmon", "smart", "bmc", "gpu", "net", "rdma", "cache"]
 """The TelemetryBatch field a collector fills."""
 
 Clock = Callable[[], float]
@@ -36,6 +39,8 @@ class CollectorSettings:
     smart_concurrency: int = 4
     options: dict[str, object] = field(default_factory=dict)
     """Collector-specific options, keyed ``<collector>.<key>`` (e.g. BMC addresses)."""
+    cache: CacheSection | None = None
+    """``[cache]``: the dataset caches whose stats files the ``cache`` collector reads."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,7 @@ def parse_start(command_id: str, args: Result) -> LaunchSpec:
         checkpoint_every=_arg(args, "checkpoint_every", float, 0.0),
         command_id=command_id,
         generation=_arg(args, "generation", int, 0),
+        dataset=_arg(args, "dataset", str, ""),
     )
 
 

@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -85,6 +85,8 @@ class LaunchSpec:
     command_id: str = ""
     generation: int = 0
     """The controller's generation of the job, echoed in every event."""
+    dataset: str = ""
+    """The dataset the job reads (``MG_DATASET``; its mount here is ``MG_DATASET_DIR``)."""
 
 
 class Member:
@@ -132,11 +134,15 @@ class Runner:
         settings: RunnerSettings,
         *,
         wall_clock: Callable[[], float] = time.time,
+        dataset_dirs: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
+        """``dataset_dirs``: the node's dataset caches, name -> mountpoint ("" for one
+        without a mount), read at every launch (the ``[[cache.datasets]]`` of agent.toml)."""
         self._identity = identity
         self._emit = emit
         self.settings = settings
         self._wall = wall_clock
+        self._dataset_dirs = dataset_dirs
         self._members: OrderedDict[str, Member] = OrderedDict()
         self._silent = False
         self._channel = Channel(settings.socket_path, self._on_peer_message, self._on_peer_gone)
@@ -273,6 +279,19 @@ class Runner:
             MG_CHECKPOINT_EVERY=str(spec.checkpoint_every),
             MG_WORKLOAD_SOCKET=self.settings.socket_path,
         )
+        env.pop("MG_DATASET", None)  # only ever the job's own (never inherited)
+        env.pop("MG_DATASET_DIR", None)
+        if spec.dataset:
+            env["MG_DATASET"] = spec.dataset
+            mountpoint = self._dataset_dirs().get(spec.dataset, "")
+            if mountpoint:
+                env["MG_DATASET_DIR"] = mountpoint
+            else:
+                log.warning(
+                    "job %s rank %d: dataset %r has no mount on this node (no such "
+                    "[[cache.datasets]] entry, or it has no mountpoint): MG_DATASET_DIR not set",
+                    spec.job_id, spec.rank, spec.dataset,
+                )  # fmt: skip
         return env
 
     def _remember(self, member: Member) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from metalguard.agent.config import WorkloadSection
+from metalguard.agent.config import CacheSection, WorkloadSection
 from metalguard.agent.connection import AnsweringConnection, NatsSettings
 from metalguard.agent.workload.commands import CommandHandler
 from metalguard.agent.workload.runner import Emit, Runner, RunnerSettings
@@ -30,6 +30,12 @@ def runner_settings(section: WorkloadSection) -> RunnerSettings:
     )
 
 
+def dataset_dirs(cache: CacheSection) -> dict[str, str]:
+    """The node's dataset caches (``[[cache.datasets]]``): name -> mountpoint ("" when it
+    has none): what a job member's ``MG_DATASET_DIR`` is."""
+    return {d.name: d.mountpoint for d in cache.datasets}
+
+
 class WorkloadService:
     """Starts the runner and answers commands until closed."""
 
@@ -42,8 +48,13 @@ class WorkloadService:
         subjects: Subjects,
         *,
         wall_clock: Callable[[], float] = time.time,
+        datasets: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
-        self.runner = Runner(identity, emit, runner_settings(section), wall_clock=wall_clock)
+        """``datasets``: the node's dataset mounts (:func:`dataset_dirs`), read at every
+        start, so a reloaded ``[cache]`` applies to the next member started."""
+        self.runner = Runner(
+            identity, emit, runner_settings(section), wall_clock=wall_clock, dataset_dirs=datasets
+        )
         self.handler = CommandHandler(
             identity, self.runner, remember=section.remember_commands, wall_clock=wall_clock
         )

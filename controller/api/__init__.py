@@ -11,6 +11,8 @@ Route prefix                      Module
 ``/v1/events``                    events.py     (SSE stream and history; the stream: sse.py)
 ``/v1/jobs``                      jobs.py       (submit, list, show, cancel)
 ``/v1/qos``                       qos.py        (flow-control profiles)
+``/v1/images``, ``/v1/instances``,  provision.py  (provisioning: images, instances,
+``/v1/volumes``, ``/v1/provision``                tenant volumes, provisioned nodes)
 ``/v1/leader``                    leader.py     (who leads the region; HA)
 ``/``, ``/ui/``                   dashboard.py  (the dashboard's static files, static/)
 

@@ -24,6 +24,11 @@ from metalguard.controller.api.leader import LEADER
 from metalguard.controller.api.metrics import add_metrics_route
 from metalguard.controller.api.nodes import ControllerView, add_node_routes
 from metalguard.controller.api.openapi import add_openapi_route
+from metalguard.controller.api.provision import (
+    ProvisionView,
+    add_provision_disabled,
+    add_provision_routes,
+)
 from metalguard.controller.api.qos import add_qos_routes
 from metalguard.controller.api.sse import EventSource
 from metalguard.controller.qos import QosStore
@@ -43,10 +48,13 @@ def make_app(
     qos: QosStore | None = None,
     clock: Callable[[], float] = time.time,
     jobs: JobsView | None = None,
+    provision: ProvisionView | None = None,
 ) -> web.Application:
     """The API app; ``registry`` (ingest's metrics) is exposed with the grade counts;
     ``qos`` (the MG_QOS profiles) adds the ``/v1/qos`` routes, ``jobs`` (the job manager)
-    the ``/v1/jobs`` routes.  ``/v1/leader`` and ``/v1/fleet`` are added by their modules'
+    the ``/v1/jobs`` routes, ``provision`` (the provisioning service) ``/v1/images``,
+    ``/v1/instances`` and ``/v1/volumes`` (without it those paths answer a 404 that says
+    provisioning is not enabled).  ``/v1/leader`` and ``/v1/fleet`` are added by their modules'
     ``add_*`` functions (server.py)."""
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
     app[TOKENS] = Tokens(read_tokens, admin_tokens)
@@ -62,6 +70,10 @@ def make_app(
         add_qos_routes(app, qos)
     if jobs is not None:
         add_jobs_routes(app, jobs)
+    if provision is not None:
+        add_provision_routes(app, provision)
+    else:
+        add_provision_disabled(app)
     return app
 
 

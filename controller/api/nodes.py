@@ -54,8 +54,22 @@ class ControllerView(Protocol):
         """Latest readings beside the record: ``qos`` verdicts, the ``bmc`` word."""
         ...
 
+    def warm_datasets(self, handle: str) -> frozenset[str]:
+        """The datasets warm on the node as of its newest batch (docs/scheduler.md)."""
+        ...
+
 
 VIEW: Final = web.AppKey("view", ControllerView)
+
+
+class NodeProvisionLines(Protocol):
+    """Each node's provisioning line (a :class:`~shapes.NodeProvision`), by handle."""
+
+    async def __call__(self) -> dict[str, dict[str, Any]]: ...
+
+
+NODE_PROVISION: Final = web.AppKey("node_provision", NodeProvisionLines)
+"""With provisioning (api/provision.py): each node's provisioning line, by handle."""
 
 
 def add_node_routes(app: web.Application, view: ControllerView) -> None:
@@ -72,9 +86,12 @@ async def list_nodes(request: web.Request) -> web.Response:
     query = query_params(request, LIST_FILTERS)
     grades = parse_grades(query.get("grade", ""))
     where = {k: v for k, v in query.items() if k != "grade"}
-    records = request.app[VIEW].store.records
+    view = request.app[VIEW]
+    records = view.store.records
+    lines = request.app.get(NODE_PROVISION)
+    provision = await lines() if lines is not None else {}
     nodes = [
-        summary(handle, r)
+        summary(handle, r, view.warm_datasets(handle), provision=provision.get(handle))
         for handle, r in sorted(records.items())
         if (not grades or r.grade in grades) and all(_field(r, k) == v for k, v in where.items())
     ]
@@ -126,8 +143,16 @@ async def act(request: web.Request) -> web.Response:
     )
 
 
-def summary(handle: str, r: NodeRecord) -> dict[str, Any]:
-    """A node's line in ``GET /v1/nodes`` (a :class:`~shapes.NodeSummary`)."""
+def summary(
+    handle: str,
+    r: NodeRecord,
+    warm: frozenset[str] = frozenset(),
+    *,
+    provision: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A node's line in ``GET /v1/nodes`` (a :class:`~shapes.NodeSummary`); ``warm``: the
+    datasets warm there; ``provision``: its provisioning line (a
+    :class:`~shapes.NodeProvision`), when provisioning knows the node."""
     line = NodeSummary(
         handle=handle,
         region=r.node.region,
@@ -141,8 +166,12 @@ def summary(handle: str, r: NodeRecord) -> dict[str, Any]:
         held=r.held,
         last_seen_ts=r.last_seen_ts,
         reasons=list(r.reasons),
+        warm_datasets=sorted(warm),
     )
-    return dict(msgspec.to_builtins(line))
+    out = dict(msgspec.to_builtins(line))
+    if provision is not None:
+        out["provision"] = provision
+    return out
 
 
 def lookup(records: Mapping[str, NodeRecord], name: str) -> tuple[str, NodeRecord]:

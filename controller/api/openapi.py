@@ -16,7 +16,7 @@ import copy
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 import msgspec
 from aiohttp import web
@@ -24,9 +24,12 @@ from aiohttp import web
 from metalguard import __version__
 from metalguard.controller.api import shapes
 from metalguard.controller.api.sse import MAX_SEQ
+from metalguard.controller.jobs.spec import DATASET_PATTERN
+from metalguard.controller.provision.spec import SwitchRequest
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.jobs import Job
 from metalguard.proto.nodes import GRADES
+from metalguard.proto.provision import Image, InstanceRequest, InstanceState
 from metalguard.proto.qos import QosProfile
 
 OPENAPI_PATH: Final = "/v1/openapi.json"
@@ -114,6 +117,57 @@ PROFILE_BODY: Final[dict[str, dict[str, Any]]] = {
     JSON: {"schema": _ref("QosProfileRequest"), "example": PROFILE_EXAMPLE},
     **{t: {"schema": {"type": "string"}, "example": "version = 2\n"} for t in TOML_TYPES},
 }
+
+IMAGE_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+IMAGE = Param(
+    "name",
+    "path",
+    "an image's name",
+    {"type": "string", "pattern": IMAGE_NAME_PATTERN},
+    "base-2026",
+)
+INSTANCE = Param(
+    "instance_id",
+    "path",
+    "an instance's id",
+    {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"},
+    "i-000000000000",
+)
+VOLUME = Param(
+    "name",
+    "path",
+    "a volume's name",
+    {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"},
+    "acme-i-000000000000",
+)
+BOOL = {"type": "string", "enum": ["true", "false", "1", "0", "yes", "no"]}
+WAIT = Param(
+    "wait",
+    "query",
+    "`true`: answer once the instance is active, released or failed (at most 600 s)",
+    BOOL,
+)
+IMAGE_BODY: Final[dict[str, dict[str, Any]]] = {
+    JSON: {
+        "schema": _ref("ImageBuild"),
+        "example": {"name": "base", "directory": "/srv/images/base", "size_bytes": 268435456},
+    },
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+}
+INSTANCE_BODY: Final[dict[str, dict[str, Any]]] = {
+    JSON: {
+        "schema": _ref("InstanceRequestBody"),
+        "example": {"tenant": "acme", "image": "base", "node": "r1.c1.n1"},
+    }
+}
+SWITCH_BODY: Final[dict[str, dict[str, Any]]] = {
+    JSON: {"schema": _ref("SwitchBody"), "example": {"tenant": "globex", "image": "base"}}
+}
+REPLACE_BODY: Final[dict[str, dict[str, Any]]] = {
+    JSON: {"schema": {"type": "object", "additionalProperties": False}, "example": {}}
+}
+"""The body of a POST that takes none: an empty object (or no body at all)."""
+PROVISION_ERRORS: Final = (400, 401, 403, 404, 409, 413, 415, 502, 503, 504)
 
 OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation("GET", "/healthz", "Liveness; with HA, who leads", "open", {200: shapes.Health}),
@@ -342,6 +396,172 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         PROFILE_BODY,
         tag="qos",
     ),
+    Operation(
+        "GET",
+        "/v1/images",
+        "The region's base images, by name",
+        "read",
+        {200: shapes.ImageList},
+        (400, 401),
+        tag="provisioning",
+    ),
+    Operation(
+        "POST",
+        "/v1/images",
+        "Add a base image: build one from a directory of the storage host (JSON), or"
+        " upload a qcow2 or raw file (`application/octet-stream`, `?name=`)",
+        "admin",
+        {201: Image},
+        (400, 401, 403, 409, 413, 415, 502, 503),
+        (
+            Param(
+                "name",
+                "query",
+                "with an uploaded file: the image's name",
+                {"type": "string", "pattern": IMAGE_NAME_PATTERN},
+            ),
+        ),
+        IMAGE_BODY,
+        tag="provisioning",
+    ),
+    Operation(
+        "GET",
+        "/v1/images/{name}",
+        "One base image: format, sizes, checksum, source",
+        "read",
+        {200: Image},
+        (401, 404),
+        (IMAGE,),
+        tag="provisioning",
+    ),
+    Operation(
+        "DELETE",
+        "/v1/images/{name}",
+        "Remove a base image no volume is made from",
+        "admin",
+        {200: Image},
+        (401, 403, 404, 409, 502, 503),
+        (IMAGE,),
+        tag="provisioning",
+    ),
+    Operation(
+        "GET",
+        "/v1/instances",
+        "Every instance (a tenant's node), oldest first, filtered",
+        "read",
+        {200: shapes.InstanceList},
+        (400, 401),
+        (
+            Param(
+                "state",
+                "query",
+                f"states, comma-separated: {', '.join(get_args(InstanceState))}",
+                example="active,deploying",
+            ),
+            Param("tenant", "query", "exact match"),
+            Param("node", "query", "a node handle, exact match"),
+            Param("image", "query", "exact match"),
+        ),
+        tag="provisioning",
+    ),
+    Operation(
+        "POST",
+        "/v1/instances",
+        "Deploy an instance: boot a node from the network on a tenant volume (202 while it"
+        " deploys; 201 with `wait` once it is active or failed)",
+        "admin",
+        {201: shapes.InstanceAnswer, 202: shapes.InstanceAnswer},
+        PROVISION_ERRORS,
+        (WAIT,),
+        INSTANCE_BODY,
+        tag="provisioning",
+    ),
+    Operation(
+        "GET",
+        "/v1/instances/{instance_id}",
+        "One instance: state, node, tenant, image, volume, history with reasons",
+        "read",
+        {200: shapes.InstanceAnswer},
+        (400, 401, 404),
+        (INSTANCE,),
+        tag="provisioning",
+    ),
+    Operation(
+        "DELETE",
+        "/v1/instances/{instance_id}",
+        "Release an instance: power the node off, remove its export, free the node",
+        "admin",
+        {200: shapes.InstanceAnswer, 202: shapes.InstanceAnswer},
+        (400, 401, 403, 404, 409, 502, 503, 504),
+        (
+            INSTANCE,
+            Param("keep_volume", "query", "`false`: also delete the volume (default true)", BOOL),
+            WAIT,
+        ),
+        tag="provisioning",
+    ),
+    Operation(
+        "POST",
+        "/v1/instances/{instance_id}/switch",
+        "Give the instance's node to another tenant: detach, attach, network boot",
+        "admin",
+        {200: shapes.InstanceAnswer, 202: shapes.InstanceAnswer},
+        PROVISION_ERRORS,
+        (INSTANCE, WAIT),
+        SWITCH_BODY,
+        tag="provisioning",
+    ),
+    Operation(
+        "POST",
+        "/v1/instances/{instance_id}/replace",
+        "Boot a replacement node on the instance's volume (its node failed)",
+        "admin",
+        {200: shapes.InstanceAnswer, 202: shapes.InstanceAnswer},
+        PROVISION_ERRORS,
+        (INSTANCE, WAIT),
+        REPLACE_BODY,
+        tag="provisioning",
+    ),
+    Operation(
+        "GET",
+        "/v1/volumes",
+        "The tenants' copy-on-write volumes, by name",
+        "read",
+        {200: shapes.VolumeList},
+        (400, 401),
+        (Param("tenant", "query", "exact match"),),
+        tag="provisioning",
+    ),
+    Operation(
+        "DELETE",
+        "/v1/volumes/{name}",
+        "Delete a volume no live instance boots (its data is gone)",
+        "admin",
+        {200: shapes.VolumeLine},
+        (400, 401, 403, 404, 409, 502, 503),
+        (VOLUME,),
+        tag="provisioning",
+    ),
+    Operation(
+        "GET",
+        "/v1/provision/nodes",
+        "The nodes provisioning may deploy: MAC, state, instance, tenant, failures, flag",
+        "read",
+        {200: shapes.ProvisionNodeList},
+        (400, 401),
+        tag="provisioning",
+    ),
+    Operation(
+        "POST",
+        "/v1/provision/nodes/{node}/clear",
+        "Clear a node flagged after failed deploys (it is deployed again)",
+        "admin",
+        {200: shapes.ProvisionNodeLine},
+        (400, 401, 403, 404, 409, 413, 503),
+        (Param("node", "path", "a node handle `region.cluster.node`", example="r1.c1.n1"),),
+        REPLACE_BODY,
+        tag="provisioning",
+    ),
     Operation("GET", "/", "Redirect to the dashboard", "open", {302: None}, tag="dashboard"),
     Operation("GET", "/ui", "Redirect to the dashboard", "open", {302: None}, tag="dashboard"),
     Operation("GET", "/ui/", "The dashboard's page", "open", {200: "text/html"}, tag="dashboard"),
@@ -362,12 +582,18 @@ ERRORS: Final = {
     401: "no bearer token, or not a known one (`WWW-Authenticate: Bearer`)",
     403: "a read token on an action, or no admin token configured",
     404: "unknown resource",
-    409: "a conflict: an ambiguous node name, a taken job id, a QoS version not above the stored",
-    413: "a body over 16 KiB",
+    409: (
+        "a conflict: an ambiguous node name, a taken job id, a QoS version not above the"
+        " stored, a node or name already taken, a volume or image in use, an instance in"
+        " another state"
+    ),
+    413: "a body over its limit: 16 KiB (instance requests 80 KiB, image files 64 GiB)",
     415: "a body of another content type than those listed",
     422: "an invalid document: `reasons` lists every problem",
     500: "a bug, logged by the controller with its traceback",
+    502: "the node's BMC or the storage did not do what was asked (the message says which)",
     503: "this controller follows: actions go to the leader (`not_leader`)",
+    504: "the node's BMC did not answer in time",
 }
 
 SECURITY: Final[dict[str, list[dict[str, list[str]]]]] = {
@@ -379,10 +605,12 @@ SECURITY: Final[dict[str, list[dict[str, list[str]]]]] = {
 
 def routes_of(app: web.Application) -> frozenset[Route]:
     """Every (method, path template) the app's router serves; HEAD (aiohttp answers it
-    for every GET) left out, a static folder as ``<prefix>/{filename}``."""
+    for every GET) and handlers marked ``openapi_hidden`` (what a part that is not
+    configured answers, e.g. provisioning's "not enabled") left out, a static folder as
+    ``<prefix>/{filename}``."""
     out = set()
     for route in app.router.routes():
-        if route.method == "HEAD":
+        if route.method == "HEAD" or getattr(route.handler, "openapi_hidden", False):
             continue
         info = route.resource.get_info() if route.resource is not None else {}
         path = info.get("path") or info.get("formatter")
@@ -534,9 +762,20 @@ ANSWER_TYPES: Final = (
     shapes.JobDetail,
     shapes.ProfileAnswer,
     shapes.QosFleetAnswer,
+    shapes.ImageList,
+    shapes.ImageBuild,
+    shapes.InstanceList,
+    shapes.InstanceAnswer,
+    shapes.VolumeList,
+    shapes.VolumeLine,
+    shapes.ProvisionNodeList,
+    shapes.ProvisionNodeLine,
     ControllerEvent,
     Job,
     QosProfile,
+    Image,
+    InstanceRequest,
+    SwitchRequest,
 )
 
 
@@ -553,7 +792,30 @@ def _schemas() -> dict[str, Any]:
     }
     components["JobRequest"] = _job_request(components["Job"])
     components["QosProfileRequest"] = _profile_request(components["QosProfile"])
+    components["InstanceRequestBody"] = _body_of(
+        components.pop("InstanceRequest"),
+        "InstanceRequestBody",
+        "An instance request (docs/provisioning.md): `node` and `volume` optional.",
+    )
+    components["SwitchBody"] = _body_of(
+        components.pop("SwitchRequest"),
+        "SwitchBody",
+        "A tenant switch: the tenant and image the node boots next (docs/provisioning.md).",
+    )
     return components
+
+
+def _body_of(schema: dict[str, Any], title: str, description: str) -> dict[str, Any]:
+    """A request body's schema from its msgspec type's: no ``type`` tag nor ``v``, no
+    unknown keys (the handlers refuse them)."""
+    out = copy.deepcopy(schema)
+    out["title"] = title
+    out["description"] = description
+    for key in ("type", "v"):
+        out["properties"].pop(key, None)
+    out["required"] = [k for k in out.get("required", []) if k not in ("type", "v")]
+    out["additionalProperties"] = False
+    return out
 
 
 def _job_request(job: dict[str, Any]) -> dict[str, Any]:
@@ -567,6 +829,11 @@ def _job_request(job: dict[str, Any]) -> dict[str, Any]:
     out["properties"]["job_id"] = {"type": "string", "pattern": JOB_ID_PATTERN}
     out["properties"]["name"] = {"type": "string", "minLength": 1}
     out["properties"]["command"] = {"type": "string", "minLength": 1}
+    out["properties"]["dataset"] = {
+        "type": "string",
+        "pattern": DATASET_PATTERN,
+        "description": "A dataset cached on the nodes ([[cache.datasets]] name), or empty",
+    }
     out["required"] = ["name", "command"]
     out["additionalProperties"] = False
     return out

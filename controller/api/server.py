@@ -14,6 +14,7 @@ from metalguard.controller.api.fleet import FleetApi, add_fleet_routes
 from metalguard.controller.api.jobs import JobsView
 from metalguard.controller.api.leader import LeaderView, add_leader_route
 from metalguard.controller.api.nodes import ControllerView
+from metalguard.controller.api.provision import ProvisionView
 from metalguard.controller.api.sse import EventSource
 from metalguard.controller.config import ConfigError, HttpSection
 from metalguard.controller.qos import QosStore
@@ -75,6 +76,7 @@ async def start_api(
     leader: LeaderView | None = None,
     jobs: JobsView | None = None,
     fleet: FleetApi | None = None,
+    provision: ProvisionView | None = None,
 ) -> web.AppRunner:
     """Load the tokens, bind ``cfg.listen`` and serve; ``runner.cleanup()`` stops it.
 
@@ -89,6 +91,7 @@ async def start_api(
         registry=registry,
         qos=qos,
         jobs=jobs,
+        provision=provision,
     )
     if leader is not None:
         add_leader_route(app, leader)

@@ -17,6 +17,13 @@ from metalguard.proto.base import Reason
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.jobs import JobState, JobStatus
 from metalguard.proto.nodes import Grade, NodeRecord
+from metalguard.proto.provision import (
+    Image,
+    ImageName,
+    InstanceState,
+    InstanceTransition,
+    NodeProvisionState,
+)
 from metalguard.proto.qos import QosProfile
 from metalguard.proto.telemetry import BmcReading, QosInterfaceStatus
 
@@ -90,6 +97,10 @@ class NodeSummary(Shape, frozen=True):
     held: bool
     last_seen_ts: float | None
     reasons: list[Reason]
+    warm_datasets: list[str] = []
+    """The datasets whose node-local cache is warm on the node (docs/scheduler.md)."""
+    provision: NodeProvision | UnsetType = UNSET
+    """Its instance state and tenant, when provisioning is enabled and knows the node."""
 
 
 class NodeList(Shape, frozen=True):
@@ -287,3 +298,112 @@ class QosFleetAnswer(Shape, frozen=True):
     stale_after_s: float
     """A node not heard for this long counts no more in its cluster's rates."""
     clusters: list[QosClusterView]
+
+
+# --- provisioning (docs/provisioning.md) -------------------------------------------------
+
+
+class InstanceAnswer(Shape, frozen=True):
+    """An instance as the API shows it: the stored Instance without its secret ``export``
+    (the NBD export's name and the token of the node's ready report) and without its user
+    data (only its size)."""
+
+    instance_id: str
+    tenant: str
+    image: str
+    volume: str
+    state: InstanceState
+    node: str
+    attempts: int
+    pinned: bool
+    """The request named the node: a failed deploy is not retried on another one."""
+    keep_volume: bool
+    """What its release does with the volume (kept for the tenant, or deleted)."""
+    ready_ts: float | None
+    ready_report: dict[str, str]
+    error: str
+    created_ts: float
+    updated_ts: float
+    history: list[InstanceTransition]
+    user_data_bytes: int
+    """Bytes of the user data the image runs once booted (the data itself is not shown)."""
+
+
+class InstanceList(Shape, frozen=True):
+    """``GET /v1/instances``: oldest first."""
+
+    instances: list[InstanceAnswer]
+
+
+class ImageList(Shape, frozen=True):
+    """``GET /v1/images``: by name."""
+
+    images: list[Image]
+
+
+class VolumeLine(Shape, frozen=True):
+    """A tenant volume in ``GET /v1/volumes``, with the live instance that boots it."""
+
+    name: str
+    tenant: str
+    image: str
+    size_bytes: int
+    """Bytes it takes on the storage host (copy-on-write: kilobytes when fresh)."""
+    created_ts: float
+    instance: str | None
+    """The id of the instance (not released) whose root it is, or null."""
+
+
+class VolumeList(Shape, frozen=True):
+    """``GET /v1/volumes``: by name."""
+
+    volumes: list[VolumeLine]
+
+
+class ImageBuild(Shape, frozen=True, forbid_unknown_fields=True):
+    """``POST /v1/images`` as JSON: build an ext4 image from a directory of the storage
+    host (the other form uploads a qcow2 or raw file)."""
+
+    name: ImageName
+    directory: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    """An absolute path on the controller's (storage) host."""
+    size_bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 44)] = 0
+    """The file system's size (0: fit the directory, with room to spare)."""
+
+
+class NodeProvision(Shape, frozen=True):
+    """A node's provisioning line in ``GET /v1/nodes`` (only the nodes provisioning may
+    deploy: those of ``[[provision.nodes]]``)."""
+
+    state: NodeProvisionState
+    instance: str | None
+    """The live instance on the node (null: none)."""
+    tenant: str | None
+    image: str | None
+    flagged: bool
+    """Failed deploys flagged it: not deployed until an operator clears it."""
+
+
+class ProvisionNodeLine(Shape, frozen=True):
+    """A node provisioning may deploy, in ``GET /v1/provision/nodes``."""
+
+    node: str
+    """Its handle ``region.cluster.node``."""
+    mac: str
+    """The MAC it network-boots from (lower case, colons)."""
+    state: NodeProvisionState
+    instance_id: str
+    tenant: str
+    image: str
+    grade: str
+    """Its grade in the controller's records ("": no record yet)."""
+    cordoned: bool
+    failures: int
+    """Consecutive failed deploys on it."""
+    flagged: bool
+
+
+class ProvisionNodeList(Shape, frozen=True):
+    """``GET /v1/provision/nodes``: by handle."""
+
+    nodes: list[ProvisionNodeLine]

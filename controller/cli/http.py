@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from http.client import HTTPException
 from typing import IO, Any
 from urllib.error import HTTPError, URLError
@@ -44,18 +44,35 @@ def api_options(token_help: str = "bearer token (env METALGUARD_TOKEN)") -> argp
 class ApiClient:
     """The controller's API at ``url`` with ``token`` (none: no Authorization header).
 
-    ``invalid`` names what a 4xx answer that lists reasons rejected ("invalid job").
+    ``invalid`` names what a 4xx answer that lists reasons rejected ("invalid job");
+    ``refusals``: 5xx statuses that are, like a 4xx, the API's answer about the request
+    (exit status 2 with its message; provisioning's 502/504: a BMC that refused or did not
+    answer).
     """
 
-    def __init__(self, url: str, token: str = "", *, invalid: str = "invalid request") -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str = "",
+        *,
+        invalid: str = "invalid request",
+        refusals: Collection[int] = (),
+    ) -> None:
         self.url = url
         self.token = token
         self.invalid = invalid
+        self.refusals = frozenset(refusals)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, *, invalid: str = "invalid request") -> ApiClient:
+    def from_args(
+        cls,
+        args: argparse.Namespace,
+        *,
+        invalid: str = "invalid request",
+        refusals: Collection[int] = (),
+    ) -> ApiClient:
         """The client of a command's ``--api`` and ``--token`` (see :func:`api_options`)."""
-        return cls(args.api, args.token, invalid=invalid)
+        return cls(args.api, args.token, invalid=invalid, refusals=refusals)
 
     def get(self, path: str, query: Mapping[str, str] | None = None) -> Any:
         """``GET path?query``: the JSON answer."""
@@ -73,6 +90,21 @@ class ApiClient:
         """``DELETE path``: the JSON answer."""
         return self.request("DELETE", path)
 
+    def upload(
+        self, path: str, file: IO[bytes], size: int, query: Mapping[str, str], timeout: float
+    ) -> Any:
+        """``POST path?query`` with the ``size`` bytes of ``file`` as
+        ``application/octet-stream`` (streamed, not read into memory): the JSON answer."""
+        request = self._build("POST", path, query, None, "", "application/json")
+        request.data = file
+        request.add_header("Content-Type", "application/octet-stream")
+        request.add_header("Content-Length", str(size))
+        with self._open(request, timeout) as response:
+            try:
+                return json.loads(response.read())
+            except (ValueError, OSError, HTTPException) as exc:
+                raise CliError(f"bad answer from {self.url}: {exc}", 1) from None
+
     def request(
         self,
         method: str,
@@ -81,10 +113,12 @@ class ApiClient:
         query: Mapping[str, str] | None = None,
         body: bytes | None = None,
         content_type: str = "application/json",
+        timeout: float = TIMEOUT_S,
     ) -> Any:
-        """One request; its JSON answer (CliError as the module says)."""
+        """One request; its JSON answer (CliError as the module says); ``timeout``: the
+        most seconds the server may stay silent."""
         request = self._build(method, path, query, body, content_type, "application/json")
-        with self._open(request, TIMEOUT_S) as response:
+        with self._open(request, timeout) as response:
             try:
                 return json.loads(response.read())
             except (ValueError, OSError, HTTPException) as exc:
@@ -130,7 +164,8 @@ class ApiClient:
         try:
             response: IO[bytes] = urlopen(request, timeout=timeout)
         except HTTPError as exc:
-            raise CliError(error_text(exc, self.invalid), 2 if exc.code < 500 else 1) from None
+            code = 2 if exc.code < 500 or exc.code in self.refusals else 1
+            raise CliError(error_text(exc, self.invalid), code) from None
         except (URLError, OSError, ValueError, HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
             raise CliError(f"cannot reach the API at {self.url}: {reason}", 1) from None

@@ -36,6 +36,7 @@ FLAG_FIELDS: dict[str, type] = {
     "checkpoint_every": float,
     "hang_timeout": float,
     "max_restarts": int,
+    "dataset": str,
 }
 """``jobs submit`` flags (``--gpus-per-node``) that set a job key of the same name."""
 

@@ -7,7 +7,8 @@ controller config's optional ``[topology]`` section, which overrides it field by
     report < [topology] < [topology.clusters.<c>] < [...<c>.racks.<rack>] < [...<c>.nodes.<node>]
 
 :class:`TopologyView` keeps the newest report of each node (fed by the region
-controller's batch intake) and turns node records into the scheduler's ``FleetNode``s.
+controller's batch intake), with the datasets warm there (:mod:`.warm`), and turns node
+records into the scheduler's ``FleetNode``s.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from metalguard.controller.core.warm import batch_warm_datasets
 from metalguard.controller.jobs.scheduler import FleetNode
 from metalguard.proto.access import ConfigSection
 from metalguard.proto.base import NodeIdentity, NonNegInt
@@ -96,8 +98,14 @@ def with_topology(batch: TelemetryBatch, topology: NodeTopology) -> TelemetryBat
     return msgspec.structs.replace(batch, topology=topology)
 
 
-def fleet_node(handle: str, record: NodeRecord, topology: NodeTopology) -> FleetNode:
-    """The scheduler's view of one node (its rack falls back to the record's)."""
+def fleet_node(
+    handle: str,
+    record: NodeRecord,
+    topology: NodeTopology,
+    warm: frozenset[str] = frozenset(),
+) -> FleetNode:
+    """The scheduler's view of one node (its rack falls back to the record's; ``warm``:
+    the datasets warm there)."""
     place = msgspec.structs.asdict(topology)
     place["rack"] = topology.rack or record.rack
     return FleetNode(
@@ -106,6 +114,7 @@ def fleet_node(handle: str, record: NodeRecord, topology: NodeTopology) -> Fleet
         cluster=record.node.cluster,
         grade=record.grade,
         cordoned=record.cordoned or record.held,
+        warm_datasets=warm,
         **place,
     )
 
@@ -114,7 +123,7 @@ class TopologyView:
     """The newest reported topology of each node, merged with the config on demand.
 
     In memory: after a controller restart it fills again with each node's next batch
-    (until then a node has only what the config says about it).
+    (until then a node has only what the config says about it, and no warm dataset).
     """
 
     def __init__(self, config: TopologySection | None = None) -> None:
@@ -123,11 +132,26 @@ class TopologyView:
         self._resolved: dict[str, NodeTopology] = {}
         """The last resolved topology of each node: handed out again while equal (the
         scorer's memo reuses a batch section by identity)."""
+        self._warm: dict[str, frozenset[str]] = {}
+        """The datasets warm on each node as of its newest batch (none: not kept)."""
 
     def observe(self, handle: str, batch: TelemetryBatch) -> None:
-        """Take in a node's batch (only its ``topology`` is kept; None changes nothing)."""
-        if batch.topology is not None and not batch.out_of_band:
+        """Take in a node's batch: its ``topology`` (None changes nothing) and which
+        datasets are warm there (``controller.core.warm``, judged at the batch's ``ts``).
+        An out-of-band batch (a bmc-proxy's) changes neither."""
+        if batch.out_of_band:
+            return
+        if batch.topology is not None:
             self._reported[handle] = batch.topology
+        warm = batch_warm_datasets(batch)
+        if warm:
+            self._warm[handle] = warm
+        else:
+            self._warm.pop(handle, None)
+
+    def warm_datasets(self, handle: str) -> frozenset[str]:
+        """The datasets warm on the node as of its newest batch (empty when none)."""
+        return self._warm.get(handle, frozenset())
 
     def reported(self, handle: str) -> NodeTopology | None:
         """What the node itself last reported."""
@@ -144,7 +168,10 @@ class TopologyView:
 
     def fleet(self, records: Mapping[str, NodeRecord]) -> list[FleetNode]:
         """The scheduler's nodes for these records (``controller.jobs.FleetView``)."""
+        warm = self._warm
         return [
-            fleet_node(handle, record, self.topology(handle, record.node))
+            fleet_node(
+                handle, record, self.topology(handle, record.node), warm.get(handle, frozenset())
+            )
             for handle, record in records.items()
         ]

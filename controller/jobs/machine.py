@@ -551,6 +551,8 @@ def _start_sends(status: JobStatus, world: World) -> tuple[Send, ...]:
             "checkpoint_dir": job.checkpoint_dir,
             "checkpoint_every": job.checkpoint_every,
         }
+        if job.dataset:  # MG_DATASET / MG_DATASET_DIR on the node (docs/workloads.md)
+            args["dataset"] = job.dataset
         args["resume_from"] = ckpt.path if ckpt is not None else ""
         args["resume_step"] = ckpt.step if ckpt is not None else 0
         command_id = f"{status.job_id}.g{status.generation}.start.r{m.rank}"

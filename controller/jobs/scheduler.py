@@ -18,6 +18,10 @@ Rules (docs/scheduler.md):
   capacity, leaves filled in order;
 - a sensitive tenant never shares a leaf switch with another tenant, and no tenant
   joins a leaf where another tenant's sensitive job runs;
+- a job naming a ``dataset``: among the groups of the chosen level that are equally
+  good (as many eligible nodes), the one with the most nodes where the dataset is warm;
+  inside the group, warm nodes before the others.  Only a tie-breaker: it never changes
+  the level, nor which nodes are eligible;
 - preemption: the fewest running jobs of lower priority that are preemptible whose
   removal lets the job fit (ties: lowest priorities, then fewest nodes disturbed).
 
@@ -64,6 +68,8 @@ class FleetNode(NodeTopology, frozen=True, kw_only=True):
     cluster: str
     grade: str = "HEALTHY"
     cordoned: bool = False
+    warm_datasets: frozenset[str] = frozenset()
+    """The datasets whose node-local cache is warm here (``controller.core.warm``)."""
 
     @property
     def schedulable(self) -> bool:
@@ -111,6 +117,8 @@ class JobRequest:
     submitted_ts: float = 0.0
     exclude: frozenset[str] = frozenset()
     """Node handles the job must avoid (the node it is being moved off)."""
+    dataset: str = ""
+    """The dataset the job reads: nodes where it is warm win ties (docs/scheduler.md)."""
 
     @property
     def exclusive(self) -> bool:
@@ -183,6 +191,7 @@ def request_from_job(job: Job, exclude: Iterable[str] = ()) -> JobRequest:
         sensitive=job.sensitive,
         submitted_ts=job.submitted_ts,
         exclude=frozenset(exclude),
+        dataset=job.dataset,
     )
 
 
@@ -251,6 +260,8 @@ class FleetIndex:
                 leaf = self._leaves[key] = _Leaf(key, node, groups)
             self._leaf_of[handle] = leaf
         self._leaf_list = list(self._leaves.values())
+        self._warm: dict[str, set[str]] = {}
+        """dataset -> the schedulable nodes where it is warm."""
         self._groups: list[dict[tuple[str, ...], list[_Leaf]]] = [{} for _ in LEVELS]
         for leaf in self._leaf_list:
             for depth, key in enumerate(leaf.groups):
@@ -260,6 +271,8 @@ class FleetIndex:
         for _, handle, node in keyed:  # sorted, so every pool is in handle order
             if node.schedulable:
                 self._leaf_of[handle].shapes.setdefault(self._shape(node), []).append(handle)
+                for name in node.warm_datasets:
+                    self._warm.setdefault(name, set()).add(handle)
         self._sizes: list[dict[tuple[str, ...], int]] = [defaultdict(int) for _ in LEVELS]
         for leaf in self._leaf_list:
             size = sum(len(handles) for handles in leaf.shapes.values())
@@ -395,14 +408,51 @@ class FleetIndex:
             fitting = [(n, g) for g, n in counts.items() if n >= req.nodes]
             if not fitting:
                 continue
-            _, group = min(fitting)
+            fewest, group = min(fitting)
+            warm: set[str] = set()
+            if req.dataset and req.dataset in self._warm:
+                group, warm = self._warmest(req, pools, depth, fitting, fewest)
             inside = [p for leaf, _, p in pools if leaf.groups[depth] == group]
-            return Placement(req.job_id, _best_fit(req, inside), level, group)
+            return Placement(req.job_id, _best_fit(req, inside, warm), level, group)
         return None
 
+    def _warmest(
+        self,
+        req: JobRequest,
+        pools: list[tuple[_Leaf, int, list[tuple[Shape, list[str]]]]],
+        depth: int,
+        fitting: list[tuple[int, tuple[str, ...]]],
+        fewest: int,
+    ) -> tuple[tuple[str, ...], set[str]]:
+        """The dataset tie-breaker: among the best-fitting groups (``fewest`` eligible
+        nodes) the one with the most eligible nodes where ``req.dataset`` is warm (ties:
+        by name), and the nodes to prefer inside it (a superset of its warm eligible
+        ones: :func:`_best_fit` walks only eligible nodes).  Only when groups tie does it
+        count, walking the dataset's warm nodes (not the fleet)."""
+        warm = self._warm[req.dataset]
+        tied = {g for n, g in fitting if n == fewest}
+        if len(tied) == 1:
+            return next(iter(tied)), warm
+        fits: dict[tuple[str, ...], set[Shape]] = {
+            leaf.key: {shape for shape, _ in p}
+            for leaf, _, p in pools
+            if leaf.groups[depth] in tied
+        }
+        count: Counter[tuple[str, ...]] = Counter()
+        for handle in warm:
+            leaf = self._leaf_of[handle]
+            shapes = fits.get(leaf.key)
+            if shapes and handle not in req.exclude and self._shape(self.nodes[handle]) in shapes:
+                count[leaf.groups[depth]] += 1
+        _, group = min((-count[g], g) for g in tied)
+        return group, warm
 
-def _best_fit(req: JobRequest, leaves: list[list[tuple[Shape, list[str]]]]) -> tuple[str, ...]:
-    """``req.nodes`` nodes of a group: least capacity left over first, leaf by leaf."""
+
+def _best_fit(
+    req: JobRequest, leaves: list[list[tuple[Shape, list[str]]]], warm: set[str] | None = None
+) -> tuple[str, ...]:
+    """``req.nodes`` nodes of a group: those in ``warm`` first (the job's dataset is cached
+    there), each part least capacity left over first, leaf by leaf."""
     ranked: list[tuple[tuple[int, int, int], int, list[str]]] = []
     for order, pools in enumerate(leaves):
         for shape, handles in pools:
@@ -410,8 +460,16 @@ def _best_fit(req: JobRequest, leaves: list[list[tuple[Shape, list[str]]]]) -> t
             ranked.append((left, order, handles))
     ranked.sort(key=lambda r: (r[0], r[1], r[2][0]))
     chosen: list[str] = []
+    if warm:
+        for _, _, handles in ranked:
+            chosen.extend(h for h in handles if h in warm)
+            if len(chosen) >= req.nodes:
+                return tuple(chosen[: req.nodes])
+    taken = set(chosen)
     for _, _, handles in ranked:
         for handle in handles:
+            if handle in taken:
+                continue
             chosen.append(handle)
             if len(chosen) == req.nodes:
                 return tuple(chosen)

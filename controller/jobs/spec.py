@@ -12,11 +12,16 @@ from typing import Any, Final
 
 import msgspec
 
+from metalguard.proto.base import DATASET_NAME_PATTERN
 from metalguard.proto.documents import DocumentError, describe_validation_error, parse_toml
 from metalguard.proto.jobs import Job
 
 JOB_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 ENV_NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+DATASET_RE: Final = re.compile(DATASET_NAME_PATTERN)
+"""A job's non-empty ``dataset``: a ``[[cache.datasets]]`` name (proto.base.DatasetName)."""
+DATASET_PATTERN: Final = r"^$|^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+"""The same as a JSON Schema pattern (the OpenAPI document's JobRequest)."""
 RESERVED_ENV: Final = frozenset(
     {
         "MG_JOB_ID",
@@ -26,6 +31,8 @@ RESERVED_ENV: Final = frozenset(
         "MG_MASTER_PORT",
         "MG_CHECKPOINT_DIR",
         "MG_RESUME_FROM",
+        "MG_DATASET",
+        "MG_DATASET_DIR",
     }
 )
 MAX_NODES: Final = 100_000
@@ -150,6 +157,11 @@ def job_problems(job: Job) -> list[str]:
             reasons.append(f"env.{name}: not a valid environment variable name")
         elif name in RESERVED_ENV:
             reasons.append(f"env.{name}: set by the runner; do not set it")
+    if job.dataset and not DATASET_RE.match(job.dataset):
+        reasons.append(
+            "dataset: a dataset name (letters, digits, '_', '.', '-'; 1 to 64 characters, "
+            "starting with a letter or digit), or empty"
+        )
     for region in job.allowed_regions:
         if not region or any(c in region for c in ". *>"):
             reasons.append(f"allowed_regions: {region!r} is not a region name")

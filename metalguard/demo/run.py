@@ -61,14 +61,23 @@ from metalguard.controller.region import RegionController
 from metalguard.controller.service import start_ingest
 from metalguard.controller.state.store import NodeStore
 from metalguard.controller.state.streams import ensure_streams
-from metalguard.demo.report import fault_pending, job_rows, report_ok, worst_grade_since
+from metalguard.demo.provisioning import demo_handles, play_provision, start_provisioning
+from metalguard.demo.report import (
+    fault_pending,
+    instance_rows,
+    job_rows,
+    report_ok,
+    worst_grade_since,
+)
 from metalguard.demo.sim.faults import Applied, FaultError
-from metalguard.demo.sim.fleet import SimFleet, SimNode
+from metalguard.demo.sim.fleet import SimFleet, SimNode, fleet_names
+from metalguard.demo.sim.provision import SimProvisioning
 from metalguard.demo.sim.scenario import (
     Scenario,
     ScenarioJob,
     due_faults,
     due_jobs,
+    instances_off,
     load_scenario,
     unknown_nodes,
 )
@@ -126,6 +135,8 @@ class _Journal:
     events: list[dict[str, Any]] = field(default_factory=list)
     submitted: int = 0
     """Jobs the job managers accepted."""
+    provision: list[dict[str, Any]] = field(default_factory=list)
+    """The ``[[provision]]`` steps taken (docs/provisioning.md)."""
 
     def t(self) -> float:
         return round(time.monotonic() - self.started, 3)
@@ -248,6 +259,8 @@ class DemoRegion:
     federation: Federation
     registry: Any
     """Ingest's metrics registry (the API's ``/metrics``)."""
+    provision: SimProvisioning | None = None
+    """The first region's provisioning over simulated hardware (docs/provisioning.md)."""
 
 
 class AllRegions:
@@ -282,6 +295,9 @@ class AllRegions:
 
     def recent_readings(self, handle: str) -> dict[str, Any]:
         return self._of(handle).recent_readings(handle)
+
+    def warm_datasets(self, handle: str) -> frozenset[str]:
+        return self._of(handle).warm_datasets(handle)
 
     def congestion_view(self) -> CongestionView:
         views = [c.congestion_view() for _, c in sorted(self._regions.items())]
@@ -416,11 +432,35 @@ def _report(
         "jobs": [r for g in regions for r in job_rows(g.jobs.jobs.values())],  # docs/jobs.md
         "jobs_submitted": journal.submitted,
         "expected_digests": expected,
+        "instances": _instance_rows(regions, journal, scenario),  # docs/provisioning.md
+        "provision_steps": journal.provision,
         **(stop or {}),
     }
     doc["ok"] = report_ok(doc)
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     _say(f"report written to {path} (ok: {str(doc['ok']).lower()})")
+
+
+def _instance_rows(
+    regions: list[DemoRegion], journal: _Journal, scenario: Scenario | None
+) -> list[dict[str, Any]]:
+    """The report's ``instances``: the provisioned ones with the state the scenario's
+    ``[[provision]]`` steps due by the end expect (the last step that says)."""
+    expected: dict[str, str | None] = {}
+    end_t = journal.t()
+    for step in scenario.provision if scenario is not None else ():
+        if step.at > end_t:
+            continue  # not due yet when the run ended: not judged
+        if step.expect is not None or step.instance not in expected:
+            expected[step.instance] = step.expect
+    last = {s["instance"]: s["t"] for s in journal.provision}
+    instances = [
+        i
+        for r in regions
+        if r.provision is not None
+        for i in list(r.provision.service.store.instances.values())
+    ]
+    return instance_rows(instances, expected, last, end_t)
 
 
 async def _start_region(
@@ -503,6 +543,19 @@ async def run_demo(options: DemoOptions) -> int:
         view = AllRegions({r.name: r.controller for r in regions})
         outcome.view, outcome.regions = view, regions
         first = regions[0]
+        handles = demo_handles(
+            first.name,
+            fleet_names(1, options.clusters, options.racks, options.nodes_per_rack),
+        )
+        first.provision = await start_provisioning(
+            nc, js, subjects, first.name, first.controller.store, handles, DATA
+        )
+        cleanup.append(first.provision.stop)
+        _say(
+            f"provisioning in region {first.name}: {len(handles)} simulated nodes may be "
+            f"network-booted (image {first.provision.images.list()[0].name}; boot server "
+            f"{first.provision.boot_url})"
+        )
         qos = await QosStore.open(js, subjects)
         app = make_app(
             view,
@@ -510,6 +563,7 @@ async def run_demo(options: DemoOptions) -> int:
             registry=first.registry,
             qos=qos,
             jobs=first.jobs,
+            provision=first.provision.service,
         )
         add_fleet_routes(app, first.federation)
         runner, api_url = await _serve_api(app, options.http)
@@ -541,6 +595,15 @@ async def run_demo(options: DemoOptions) -> int:
                 scenario, fault=tuple(f for f in scenario.fault if f.node not in missing)
             )
             outcome.scenario = scenario
+        if scenario is not None and (off := instances_off(scenario, handles)):
+            _say(
+                f"scenario provisions on nodes not in region {first.name}'s fleet, skipped: "
+                f"{', '.join(off)}"
+            )
+            scenario = msgspec.structs.replace(
+                scenario, provision=tuple(p for p in scenario.provision if p.instance not in off)
+            )
+            outcome.scenario = scenario
         _say(
             f"starting {len(fleet.node_names)} agents ({len(names)} region(s) x "
             f"{options.clusters} cluster(s) x {options.racks} racks x "
@@ -565,6 +628,19 @@ async def run_demo(options: DemoOptions) -> int:
             stopper.arm(duration)  # a loop timer, backed by the watchdog thread
             player = asyncio.create_task(_play(fleet, scenario, journal), name="scenario")
             cleanup.append(lambda: _cancel(player))
+            if scenario is not None and scenario.provision:
+                provisioner = asyncio.create_task(
+                    play_provision(
+                        first.provision,
+                        scenario,
+                        handles,
+                        journal.t,
+                        _say,
+                        journal.provision,
+                    ),
+                    name="provision-steps",
+                )
+                cleanup.append(lambda: _cancel(provisioner))
             if scenario is not None and scenario.job:
                 ckpt = Path(tmp.name) / "checkpoints"
                 by_region = {r.name: r.jobs for r in regions}

@@ -1,6 +1,7 @@
 """Fuzzing the HTTP API against its OpenAPI document with Schemathesis (for
 test_api_fuzz.py): a controller app with every route (nodes, events, jobs, QoS, leader,
-fleet) served on a free loopback port, and the bounded runs over its operations.
+fleet, provisioning over the demo's simulated BMC and storage) served on a free loopback
+port, and the bounded runs over its operations.
 
 The runs make blocking HTTP calls (requests, through Schemathesis), so they run in a
 worker thread while the test's event loop serves the app.
@@ -12,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -37,6 +39,7 @@ from metalguard.controller.jobs.manager import JobManager
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.leader import Leadership
 from metalguard.controller.qos import QosStore
+from metalguard.demo.sim.provision import SimProvisioning, sim_mac
 from metalguard.proto.federation import NodeLookupReply
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
@@ -56,6 +59,9 @@ CHECKS = [
 """Schemathesis' checks of every answer (positive_data_acceptance and
 negative_data_rejection are left out: a well-formed request for an unknown node is
 rightly a 404, and the handlers accept some bodies the schema is stricter about)."""
+PROVISIONED = {"r1.c1.n1": sim_mac(1), "r1.c1.n2": sim_mac(2)}
+"""The fleet's nodes the provisioning routes may deploy (the documented example names
+r1.c1.n1 and the image "base")."""
 STREAMING = {("GET", "/v1/events")}
 """Never fuzzed: a 200 is an endless SSE stream (its filters are history's, fuzzed)."""
 
@@ -90,17 +96,21 @@ class Served:
     jobs: JobManager
     subjects: Subjects
     nc: Client
+    provision: SimProvisioning
 
     async def snapshot(self) -> dict[str, Any]:
         """Everything a write could change: node records, jobs, the KV buckets' and the
         control stream's last sequences."""
         js = self.nc.jetstream(timeout=5)
-        streams = [f"KV_{self.subjects.bucket(b)}" for b in ("nodes", "jobs", "qos")]
+        buckets = ("nodes", "jobs", "qos", "provision")
+        streams = [f"KV_{self.subjects.bucket(b)}" for b in buckets]
         streams.append(self.subjects.stream_control)
         seqs = {s: (await js.stream_info(s)).state.last_seq for s in streams}
         return {
             "records": msgspec.to_builtins(dict(self.api.controller.store.records)),
             "jobs": msgspec.to_builtins(dict(self.jobs.jobs)),
+            "images": [i.name for i in self.provision.images.list()],
+            "volumes": [v.name for v in await self.provision.storage.list_volumes()],
             "seqs": seqs,
         }
 
@@ -121,6 +131,10 @@ async def served_api(nc: Client, subjects: Subjects) -> AsyncIterator[Served]:
             fleet=TopologyView().fleet,
             clock=api.clock,
         )
+        provision = await SimProvisioning.start(  # r1.c1.n1 and n2 may be deployed
+            nc, js, subjects, "r1", api.controller.store, PROVISIONED, boot_delay_s=0.1
+        )
+        await provision.service.add_image_from_dir("base", str(Path(__file__).parent), 0)
         app = make_app(
             api.controller,
             api.source,
@@ -129,6 +143,7 @@ async def served_api(nc: Client, subjects: Subjects) -> AsyncIterator[Served]:
             registry=api.metrics.registry,
             qos=await QosStore.open(js, subjects),
             jobs=jobs,
+            provision=provision.service,
         )
         add_leader_route(app, Leadership.always())
         add_fleet_routes(app, StubFleet())
@@ -138,9 +153,10 @@ async def served_api(nc: Client, subjects: Subjects) -> AsyncIterator[Served]:
         await site.start()
         try:
             host, port = runner.addresses[0][:2]
-            yield Served(f"http://{host}:{port}", api, jobs, subjects, nc)
+            yield Served(f"http://{host}:{port}", api, jobs, subjects, nc, provision)
         finally:
             await runner.cleanup()
+            await provision.stop()
 
 
 def error_body_check(case: Any, response: Any) -> None:

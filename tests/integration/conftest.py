@@ -12,6 +12,7 @@ from nats.aio.client import Client
 
 from metalguard.proto.subjects import Subjects
 from tests.integration.ha_leases import shorten_leases
+from tests.integration.provision_env import ProvisionEnv, missing_tools, provision_env
 from tests.integration.qos_netns import VethPair, veth_pair
 from tests.integration.redfish_emulator import (
     Certificate,
@@ -72,3 +73,19 @@ async def short_leases(nc: Client, subjects: Subjects) -> Subjects:
     ``ha_leases.TTL_S``."""
     await shorten_leases(nc.jetstream(timeout=5), subjects)
     return subjects
+
+
+@pytest.fixture
+async def provision(
+    nc: Client, nats_url: str, subjects: Subjects, certificate: Certificate, tmp_path: Path
+) -> AsyncIterator[ProvisionEnv]:
+    """A region for the provisioning service with real parts and no VM
+    (tests/integration/provision_env.py); skipped with the reason printed where the
+    storage tools are missing."""
+    missing = missing_tools()
+    if missing:
+        reason = f"not installed: {', '.join(missing)} (tests/ensure-tools.sh)"
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
+    async with provision_env(nc, nats_url, subjects, certificate, tmp_path) as env:
+        yield env

@@ -14,7 +14,10 @@ BMC does with them, so that state changes are visible afterwards:
 - ``PATCH`` of ``Boot.BootSourceOverrideTarget``/``BootSourceOverrideEnabled`` (values
   checked against the allowable ones); each boot records the source it used in ``boots``
   and consumes a ``Once`` override (Enabled -> ``Disabled``, Target -> ``None``), as
-  DSP0268 specifies.
+  DSP0268 specifies;
+- power hooks (``on_boot``, ``on_power_off``): callbacks a test sets to drive a real
+  machine from the BMC's power actions (tests/integration/provision_vm.py starts and stops
+  a QEMU VM with them); unset, nothing but the documents changes.
 
 The fixtures ``certificate`` and ``bmc`` (tests/integration/conftest.py) start one per
 test; test_bmc_redfish_emulator.py checks the emulator itself.
@@ -29,6 +32,7 @@ import json
 import shutil
 import ssl
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +127,11 @@ class RedfishEmulator:
     patches: list[dict[str, Any]] = field(default_factory=list)
     auth_seen: set[str] = field(default_factory=set)
     """``basic`` and/or ``session``: how authenticated requests came."""
+    on_boot: Callable[[str], None] | None = None
+    """Called at each boot with the source it used (``Pxe``, ``Hdd``, ...), also when the
+    system was already on (a restart)."""
+    on_power_off: Callable[[], None] | None = None
+    """Called when the power goes from on (or powering off) to off."""
     _pending_off: int = 0
 
     def __post_init__(self) -> None:
@@ -211,8 +220,11 @@ class RedfishEmulator:
         return f'W/"{digest[:16]}"'
 
     def _set_power(self, state: str) -> None:
+        was = self.system["PowerState"]
         self.system["PowerState"] = state
         self.docs[CHASSIS]["PowerState"] = state
+        if state == "Off" and was != "Off" and self.on_power_off is not None:
+            self.on_power_off()
 
     def _boot(self) -> None:
         boot = self.system["Boot"]
@@ -224,6 +236,8 @@ class RedfishEmulator:
         else:
             self.boots.append("Hdd")
         self._set_power("On")
+        if self.on_boot is not None:
+            self.on_boot(self.boots[-1])
 
     def _reset(self, body: dict[str, Any]) -> web.Response:
         kind = body.get("ResetType", "")

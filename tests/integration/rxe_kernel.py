@@ -1,12 +1,17 @@
-"""A Debian kernel with Soft-RoCE (``rdma_rxe``) for the rxe VM test, kept in a cache that
+"""A Debian kernel and some of its modules for the QEMU VM tests, kept in a cache that
 outlives test runs.
 
-Debian's generic kernel (``linux-image-amd64``'s dependency) builds ``rdma_rxe`` as a
-module; the cloud kernel does not build it at all.  The package is downloaded once with
-``apt-get download`` and only what the VM boots is kept: the kernel (unpacked from the
-bzImage to its ELF ``vmlinux``, which QEMU starts through the PVH entry point without the
-slow decompression under emulation) and the modules the VM loads, in dependency order
-(the package ships no ``modules.dep``: the order comes from each module's ``.modinfo``).
+Debian's generic kernel (``linux-image-amd64``'s dependency) builds ``rdma_rxe`` (the
+Soft-RoCE VM, tests/integration/rxe_vm.py) as a module; the cloud kernel
+(``linux-image-cloud-amd64``'s: what the provisioning VM, tests/integration/provision_vm.py,
+boots) builds no ``rdma_rxe`` and no ``e1000``, but ``virtio_net`` and ``nbd`` as modules
+and ext4 in.  The package is downloaded once per :class:`KernelSpec`
+with ``apt-get download`` and only what the VM boots is kept: the kernel and the modules
+the VM loads, in dependency order (the package ships no ``modules.dep``: the order comes
+from each module's ``.modinfo``).  The kernel is kept either as its ELF ``vmlinux``
+(unpacked from the bzImage: QEMU's ``-kernel`` starts it through the PVH entry point
+without the slow decompression under emulation) or as the bzImage itself (what a network
+boot loader such as iPXE loads).
 The cache is ``$METALGUARD_TEST_CACHE``, else ``$XDG_CACHE_HOME/metalguard-test``, else
 ``~/.cache/metalguard-test``; a cached kernel is used as it is, without apt.
 """
@@ -30,12 +35,31 @@ from typing import IO
 
 META_PACKAGE = "linux-image-amd64"
 ROOT_MODULES = ("crc32_generic", "dummy", "rdma_rxe")
-"""What the VM loads: Soft-RoCE, a netdev for it, and the crc32 its ICRC needs (asked of
-the crypto API, which would call a modprobe the VM does not have)."""
+"""What the rxe VM loads: Soft-RoCE, a netdev for it, and the crc32 its ICRC needs (asked
+of the crypto API, which would call a modprobe the VM does not have)."""
 
 MANIFEST = "kernel.json"
 APT_TIMEOUT_S = 300.0
 EXTRACT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """What one VM needs of the kernel package: where it is cached, the modules it loads
+    (with their dependencies) and the form of the kernel image."""
+
+    store: str
+    """The cache's sub-directory (one per spec: each keeps its own modules)."""
+    roots: tuple[str, ...]
+    unpack_vmlinux: bool = True
+    """Keep the ELF ``vmlinux`` unpacked from the bzImage (for ``-kernel``); False: keep
+    the bzImage as ``vmlinuz`` (for a boot loader)."""
+    meta: str = META_PACKAGE
+    """The meta package whose kernel image dependency is fetched."""
+
+
+RXE = KernelSpec("rxe-kernel", ROOT_MODULES)
+"""The Soft-RoCE VM's kernel (tests/integration/rxe_vm.py)."""
 
 
 class NoKernelError(Exception):
@@ -59,19 +83,20 @@ def cache_root() -> Path:
     return Path(base) / "metalguard-test"
 
 
-def ensure_kernel(cache: Path) -> Kernel:
-    """The cached kernel, fetched and unpacked first when there is none; NoKernelError when
-    it cannot be had (no apt, no network, no such module in the package)."""
-    store = cache / "rxe-kernel"
+def ensure_kernel(cache: Path, spec: KernelSpec = RXE) -> Kernel:
+    """The cached kernel of ``spec``, fetched and unpacked first when there is none;
+    NoKernelError when it cannot be had (no apt, no network, no such module in the
+    package)."""
+    store = cache / spec.store
     cached = sorted(store.glob(f"*/{MANIFEST}"))
     if cached:
         return _load(cached[-1].parent)
-    package = kernel_package()
+    package = kernel_package(spec.meta)
     store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=store, prefix=".partial-") as work:
         deb = _download(package, Path(work))
         staged = Path(work) / "kernel"
-        _unpack(deb, staged)
+        _unpack(deb, staged, spec)
         deb.unlink()
         final = store / package
         if not final.exists():
@@ -104,17 +129,17 @@ def _run(args: list[str], timeout_s: float, cwd: Path | None = None) -> str:
     return done.stdout
 
 
-def kernel_package() -> str:
-    """The versioned image package ``linux-image-amd64`` depends on (NoKernelError else)."""
-    out = _run(["apt-cache", "depends", META_PACKAGE], 60)
-    return package_from_depends(out)
+def kernel_package(meta: str = META_PACKAGE) -> str:
+    """The versioned image package ``meta`` depends on (NoKernelError else)."""
+    out = _run(["apt-cache", "depends", meta], 60)
+    return package_from_depends(out, meta)
 
 
-def package_from_depends(apt_cache_output: str) -> str:
+def package_from_depends(apt_cache_output: str, meta: str = META_PACKAGE) -> str:
     """``linux-image-6.1.0-50-amd64`` from ``apt-cache depends linux-image-amd64``."""
     match = re.search(r"^\s*Depends:\s*(linux-image-[\w.+-]+)\s*$", apt_cache_output, re.M)
     if match is None:
-        raise NoKernelError(f"no kernel image among the dependencies of {META_PACKAGE}")
+        raise NoKernelError(f"no kernel image among the dependencies of {meta}")
     return match[1]
 
 
@@ -144,7 +169,7 @@ def _members(deb: Path) -> Iterator[tuple[tarfile.TarInfo, IO[bytes] | None]]:
         proc.wait(EXTRACT_TIMEOUT_S)
 
 
-def _unpack(deb: Path, dest: Path) -> None:
+def _unpack(deb: Path, dest: Path, spec: KernelSpec) -> None:
     """Keep the image and the modules the VM loads (two streaming passes: the first
     learns every module's dependencies, the second copies the ones needed)."""
     (dest / "modules").mkdir(parents=True)
@@ -155,7 +180,7 @@ def _unpack(deb: Path, dest: Path) -> None:
         if data is None:
             continue
         if re.fullmatch(r"\./boot/vmlinuz-.*", info.name):
-            image = _write_image(data.read(), dest)
+            image = _write_image(data.read(), dest, spec.unpack_vmlinux)
         elif info.name.endswith(".ko"):
             name, deps = modinfo_depends(data.read())
             name = name or Path(info.name).stem.replace("-", "_")
@@ -163,7 +188,7 @@ def _unpack(deb: Path, dest: Path) -> None:
             member_of[name] = info.name
     if not image:
         raise NoKernelError(f"{deb.name} holds no /boot/vmlinuz-*")
-    order = load_order(ROOT_MODULES, depends)
+    order = load_order(spec.roots, depends)
     wanted = {member_of[m]: m for m in order}
     for info, data in _members(deb):
         if data is not None and info.name in wanted:
@@ -176,10 +201,11 @@ def _unpack(deb: Path, dest: Path) -> None:
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
-def _write_image(bzimage: bytes, dest: Path) -> str:
-    """Store the ELF vmlinux unpacked from a bzImage, or the bzImage itself when its
-    payload is in a compression this cannot undo; the stored file's name."""
-    vmlinux = vmlinux_from_bzimage(bzimage)
+def _write_image(bzimage: bytes, dest: Path, unpack: bool) -> str:
+    """Store the ELF vmlinux unpacked from a bzImage (``unpack``), or the bzImage itself
+    when not asked to or when its payload is in a compression this cannot undo; the
+    stored file's name."""
+    vmlinux = vmlinux_from_bzimage(bzimage) if unpack else None
     if vmlinux is not None:
         (dest / "vmlinux").write_bytes(vmlinux)
         return "vmlinux"

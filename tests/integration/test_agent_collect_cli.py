@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from tests.integration.agent_proc import FIXTURE_SMART, FIXTURE_SYSFS, METALGUARD
@@ -153,3 +154,34 @@ def test_bad_config_and_unknown_collector_exit_2(tmp_path: Path) -> None:
     result = collect("--collectors", "edac,nosuch")
     assert result.returncode == 2
     assert "unknown collector(s) nosuch" in result.stderr
+
+
+def test_dataset_caches_in_json_and_text(tmp_path: Path) -> None:
+    """``[[cache.datasets]]``: each one's stats.json in the batch's ``cache`` list; one
+    whose cache is not running is there with its config and an error naming its file."""
+    warm_dir, cold_dir = tmp_path / "warm", tmp_path / "cold"
+    warm_dir.mkdir()
+    stats = {"dataset": "imagenet", "ts": time.time(), "max_bytes": 1000, "used_bytes": 700,
+             "hits": 3, "misses": 1, "policy": "pin", "mountpoint": "/mnt/imagenet"}  # fmt: skip
+    (warm_dir / "stats.json").write_text(json.dumps(stats))
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'[[cache.datasets]]\nname = "imagenet"\nsource = "/nfs/imagenet"\n'
+        f'cache_dir = "{warm_dir}"\nmax_bytes = 1000\nmountpoint = "/mnt/imagenet"\n\n'
+        f'[[cache.datasets]]\nname = "coco"\nsource = "http://u:pw@store/coco"\n'
+        f'cache_dir = "{cold_dir}"\nmax_bytes = 500\n'
+    )
+    result = collect("--config", str(config), "--collectors", "cache", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    warm, cold = doc["cache"]
+    assert {k: warm[k] for k in stats} == stats
+    assert {"bytes_from_cache", "bytes_from_source", "evictions", "dataset_bytes"} <= warm.keys()
+    assert (cold["dataset"], cold["source"], cold["ts"]) == ("coco", "http://store/coco", 0.0)
+    (error,) = doc["errors"]
+    assert (error["collector"], error["path"]) == ("cache", str(cold_dir / "stats.json"))
+    assert "not running" in error["message"]
+    text = collect("--config", str(config), "--collectors", "cache", "--format", "text")
+    assert text.returncode == 0, text.stderr
+    assert "cache imagenet: 700/1000 B in 0 files, hits 3 misses 1 (75%)" in text.stdout
+    assert "cache coco: not running (max 500 B)" in text.stdout

@@ -16,8 +16,16 @@ from nats.aio.client import Client
 from metalguard.controller.api.app import make_app
 from metalguard.controller.api.events import HUB
 from metalguard.proto.subjects import Subjects
-from metalguard.proto.telemetry import BmcReading, QosInterfaceStatus
-from tests.integration.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
+from metalguard.proto.telemetry import BmcReading, DatasetCache, QosInterfaceStatus
+from tests.integration.api_env import (
+    ADMIN_TOKEN,
+    FATAL,
+    FLEET,
+    READ_TOKEN,
+    ApiEnv,
+    api_env,
+    batch,
+)
 from tests.waiting import wait_until
 
 DEADLINE_S = 10.0
@@ -78,6 +86,26 @@ async def test_list_and_filters(client: TestClient[Any, Any], env: ApiEnv) -> No
     assert await handles("cluster=c2") == ["r1.c2.n1"]
     assert await handles("rack=rk7") == ["r1.c2.n1"]
     assert await handles("region=r2") == []
+
+
+async def test_list_shows_the_datasets_warm_on_each_node(
+    client: TestClient[Any, Any], env: ApiEnv
+) -> None:
+    """A node's batch with its dataset caches: the warm ones (controller/core/warm.py) on
+    its line of GET /v1/nodes; the next batch without them clears them."""
+    n2 = batch("c1", "n2", 2)
+    warm = DatasetCache(dataset="imagenet", ts=n2.ts, max_bytes=100, used_bytes=80)
+    cold = DatasetCache(dataset="coco", ts=n2.ts, max_bytes=100, used_bytes=10)
+    await env.feed(msgspec.structs.replace(n2, cache=(cold, warm)))
+
+    async def warm_sets() -> dict[str, list[str]]:
+        body = await (await client.get("/v1/nodes", headers=READ)).json()
+        return {n["handle"]: n["warm_datasets"] for n in body["nodes"]}
+
+    assert (await warm_sets())["r1.c1.n2"] == ["imagenet"]
+    assert (await warm_sets())["r1.c1.n1"] == []
+    await env.feed(batch("c1", "n2", 3))
+    assert (await warm_sets())["r1.c1.n2"] == []
 
 
 async def test_bad_filters_are_400_naming_what_is_valid(client: TestClient[Any, Any]) -> None:
@@ -388,6 +416,9 @@ class BrokenView:
         raise AssertionError("not reached")
 
     def recent_readings(self, handle: str) -> Any:
+        raise AssertionError("not reached")
+
+    def warm_datasets(self, handle: str) -> Any:
         raise AssertionError("not reached")
 
 

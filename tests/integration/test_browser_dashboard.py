@@ -8,6 +8,9 @@
 3. A controller with a QoS profile and nodes whose pause counters move: each cluster's
    congestion panel shows the profile version, the rates, the most congested nodes and
    the degraded ones.
+4. A controller with provisioning (the real service over the demo's simulated BMC and
+   storage): a node booted for a tenant shows its instance state and tenant on the
+   heatmap, its page and the instances view.
 
 Screenshots go to ``$MG_ARTIFACTS/dashboard/`` (default ``test-artifacts/dashboard/`` in
 the repository); the path is printed.  Skipped, with the reason printed, where Chromium
@@ -35,8 +38,10 @@ from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.jobs.manager import JobManager
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.qos import QosStore
+from metalguard.demo.sim.provision import SimProvisioning, sim_mac
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.nodes import NodeRecord
+from metalguard.proto.provision import InstanceRequest
 from metalguard.proto.qos import decode_profile
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import NetInterface, QosInterfaceStatus, TelemetryBatch
@@ -348,6 +353,79 @@ async def test_the_jobs_view_lists_the_job_manager_s_jobs(
             assert row[0].get_attribute("data-state") == "queued"
             assert "llm-small" in row[0].text
             await asyncio.to_thread(shot, browser, "jobs")
+
+
+# --- provisioning (docs/dashboard.md, docs/provisioning.md) ------------------------------
+
+
+FACTS = "instance"
+"""The node page's provisioning facts (their ``data-tenant``)."""
+
+
+def fleet_provision(driver: WebDriver) -> dict[str, str] | None:
+    """What the heatmap says of r1.c1.n1 (booted for acme) and r1.c1.n2 (free), or None
+    before it says it."""
+    booted = 'button.node[data-node="r1.c1.n1"][data-tenant="acme"]'
+    if not driver.find_elements(By.CSS_SELECTOR, booted):
+        return None
+    button = driver.find_element(By.CSS_SELECTOR, booted)
+    free = driver.find_element(By.CSS_SELECTOR, 'button.node[data-node="r1.c1.n2"]')
+    line = driver.find_element(By.CSS_SELECTOR, '.rack-tenants li[data-tenant="acme"]')
+    return {
+        "provision": str(button.get_attribute("data-provision")),
+        "label": str(button.get_attribute("aria-label")),
+        "free": str(free.get_attribute("data-provision")),
+        "tenants": str(driver.find_element(By.ID, "tenants").text),
+        "line": str(line.text),
+    }
+
+
+async def test_a_node_booted_for_a_tenant_shows_its_instance_and_tenant(
+    browser: WebDriver, env: ApiEnv, nc: Client, subjects: Subjects
+) -> None:
+    await env.feed(*FLEET)
+    macs = {"r1.c1.n1": sim_mac(1), "r1.c1.n2": sim_mac(2)}
+    sim = await SimProvisioning.start(
+        nc, nc.jetstream(timeout=5), subjects, "r1", env.controller.store, macs,
+        boot_delay_s=0.2,
+    )  # fmt: skip
+    try:
+        await sim.service.add_image_from_dir("base", str(REPO / "examples"), 0)
+        req = InstanceRequest(tenant="acme", image="base", node="r1.c1.n1", instance_id="a-1")
+        await sim.service.create(req)
+        await sim.service.wait_for("a-1", ("active",), 20.0)
+        app = make_app(env.controller, env.source, provision=sim.service)
+        async with serve(app) as base:
+            await asyncio.to_thread(browser.get, f"{base}/ui/")
+            fleet = await asyncio.to_thread(
+                wait, browser, 10, "the tenant's node on the heatmap", fleet_provision
+            )  # the page re-renders as events arrive: everything read in one go
+            assert fleet["provision"] == "active"
+            assert "instance a-1 active, tenant acme" in fleet["label"]
+            assert fleet["free"] == "available"
+            assert "acme: 1 active" in fleet["tenants"]
+            assert fleet["line"] == "n1 acme · active"
+            await asyncio.to_thread(shot, browser, "fleet-tenant")
+            await asyncio.to_thread(browser.get, f"{base}/ui/#/node/r1.c1.n1")
+            tenant = await asyncio.to_thread(
+                wait, browser, 10, "the node's instance",
+                lambda d: [e.get_attribute("data-tenant") for e in d.find_elements(By.ID, FACTS)],
+            )  # fmt: skip
+            assert tenant == ["acme"]
+            await asyncio.to_thread(browser.get, f"{base}/ui/#/instances")
+            rows = await asyncio.to_thread(
+                wait, browser, 10, "the instance's row",
+                lambda d: [
+                    (e.get_attribute("data-state"), e.text)
+                    for e in d.find_elements(By.CSS_SELECTOR, '#instances tr[data-instance="a-1"]')
+                ],
+            )  # fmt: skip
+            [(state, text)] = rows
+            assert state == "active"
+            assert "acme" in text
+            await asyncio.to_thread(shot, browser, "instances")
+    finally:
+        await sim.stop()
 
 
 # --- the congestion panel (docs/dashboard.md, docs/qos.md) -------------------------------

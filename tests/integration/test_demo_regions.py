@@ -1,5 +1,6 @@
 """``metalguard demo`` over two regions: one controller per region, one API showing every
-region, and a report that checks each fault's grade and each job's digest (docs/demo.md)."""
+region, and a report that checks each fault's grade, each job's digest and each
+provisioned instance's state (docs/demo.md)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,23 @@ name = "short"
 nodes = 2
 args = ["examples/trainer.py", "--steps", "60"]
 checkpoint_every = 2
+
+[[provision]]
+at = 1
+action = "create"
+instance = "acme-1"
+tenant = "acme"
+image = "demo-base"
+node = "r1c1k1n3"
+expect = "active"
+
+[[provision]]
+at = 5
+action = "switch"
+instance = "acme-1"
+tenant = "globex"
+image = "demo-base"
+expect = "active"
 """
 START_S = 40.0
 RUN_S = 12.0
@@ -114,6 +132,35 @@ async def test_two_regions_one_api_and_a_report_that_checks_itself(tmp_path: Pat
             await wait_for_value(
                 lambda: _decisions(session, api), want.issubset, RUN_S, "both regions' events"
             )
+            # provisioning (the first region's, through the same ProvisionService): the
+            # instance goes active on the simulated node's boot, then is switched
+            switched = await wait_for_value(
+                lambda: _get(session, f"{api}/v1/instances/acme-1"),
+                lambda i: i["tenant"] == "globex" and i["state"] == "active",
+                RUN_S,
+                "acme-1 switched to globex",
+            )
+            assert switched["node"] == "r1.c1.r1c1k1n3"
+            assert [h["state"] for h in switched["history"]] == [
+                "deploying",
+                "active",
+                "switching",
+                "active",
+            ]
+            volumes = {
+                v["tenant"]: v for v in (await _get(session, f"{api}/v1/volumes"))["volumes"]
+            }
+            assert volumes["acme"]["instance"] is None  # kept for acme, attached nowhere
+            assert volumes["globex"]["instance"] == "acme-1"
+            lines = {n["handle"]: n.get("provision") for n in nodes}
+            assert lines["r1.c1.r1c1k1n1"] == {
+                "state": "available",
+                "instance": None,
+                "tenant": None,
+                "image": None,
+                "flagged": False,
+            }
+            assert lines["r2.c1.r2c1k1n1"] is None  # the first region provisions
             qos = await _get(session, f"{api}/v1/qos/c1")
             assert qos["profile"]["version"] == 3, qos
             view = await _get(session, f"{api}/v1/qos")  # the fleet view: both regions
@@ -148,6 +195,13 @@ async def test_two_regions_one_api_and_a_report_that_checks_itself(tmp_path: Pat
     assert job["state"] == "succeeded"
     assert doc["jobs_submitted"] == 1
     assert job["digest"] == doc["expected_digests"]["short"] is not None
+    [instance] = doc["instances"]
+    assert (instance["id"], instance["tenant"], instance["state"]) == ("acme-1", "globex", "active")
+    assert [s["action"] for s in doc["provision_steps"]] == ["create", "switch"]
+    assert all(s["ok"] for s in doc["provision_steps"])
+    text = "".join(seen)
+    assert "instance.active r1c1k1n3" in text
+    assert "instance.switching r1c1k1n3" in text
     assert doc["ok"] is True, "".join(seen)
 
 

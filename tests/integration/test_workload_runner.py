@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
+
+import pytest
 
 from examples import trainer
 from metalguard.agent.workload.runner import LaunchSpec, Runner, RunnerSettings
@@ -78,3 +81,45 @@ async def test_close_stops_members_gracefully_and_reports(tmp_path: Path) -> Non
 def _socket_left(path: Path) -> bool:
     """Whether the socket file is still there (close removes it)."""
     return os.path.exists(path)
+
+
+PRINT_DATASET_ENV = (
+    "import os; print(repr((os.environ.get('MG_DATASET'), os.environ.get('MG_DATASET_DIR'))))"
+)
+
+
+async def test_members_get_their_datasets_mount(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """MG_DATASET and MG_DATASET_DIR (the node's [[cache.datasets]] mount); a dataset the
+    node has no mount of: MG_DATASET only and a warning; never the agent's own values."""
+    monkeypatch.setenv("MG_DATASET", "inherited")
+    monkeypatch.setenv("MG_DATASET_DIR", "/inherited")
+    mounts = {"imagenet": "/mnt/imagenet", "coco": ""}
+
+    async def emit(event: NodeEvent) -> None:
+        return None
+
+    settings = RunnerSettings(tmp_path / "work", str(tmp_path / "wl.sock"))
+    runner = Runner(lambda: ME, emit, settings, dataset_dirs=lambda: mounts)
+    await runner.start()
+    seen: dict[str, str] = {}
+    try:
+        for job, dataset in [("a", "imagenet"), ("b", "coco"), ("c", "missing"), ("d", "")]:
+            spec = LaunchSpec(
+                job_id=job, command=sys.executable, args=("-c", PRINT_DATASET_ENV), dataset=dataset
+            )
+            member = await runner.launch(spec)
+            await asyncio.wait_for(member.exited.wait(), 30)
+            seen[job] = member.log_path.read_text().strip()
+    finally:
+        await runner.close()
+    assert seen == {
+        "a": "('imagenet', '/mnt/imagenet')",
+        "b": "('coco', None)",
+        "c": "('missing', None)",
+        "d": "(None, None)",
+    }
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len([w for w in warned if "MG_DATASET_DIR not set" in w]) == 2, warned
+    assert any("'missing' has no mount on this node" in w for w in warned), warned

@@ -29,6 +29,7 @@ from metalguard.controller.api.openapi import (
     operation_routes,
     routes_of,
 )
+from metalguard.controller.api.provision import ProvisionView
 from metalguard.controller.api.qos import _name
 from metalguard.controller.api.shapes import JobSummary, NodeSummary
 from metalguard.controller.api.sse import EventSource, parse_last_event_id, parse_since
@@ -54,7 +55,13 @@ def app_with(*, everything: bool) -> web.Application:
     source = cast(EventSource, object())
     if not everything:
         return make_app(view, source)
-    app = make_app(view, source, qos=cast(QosStore, object()), jobs=cast(JobsView, object()))
+    app = make_app(
+        view,
+        source,
+        qos=cast(QosStore, object()),
+        jobs=cast(JobsView, object()),
+        provision=cast(ProvisionView, object()),
+    )
     add_leader_route(app, cast(LeaderView, object()))
     add_fleet_routes(app, cast(FleetApi, object()))
     return app
@@ -71,7 +78,7 @@ def test_the_served_document_has_only_the_apps_routes() -> None:
     bare = document(routes_of(app_with(everything=False)))
     assert "/v1/nodes/{node}" in bare["paths"]
     assert OPENAPI_PATH in bare["paths"]
-    for path in ("/v1/jobs", "/v1/qos/{cluster}", "/v1/leader", "/v1/fleet"):
+    for path in ("/v1/jobs", "/v1/qos/{cluster}", "/v1/leader", "/v1/fleet", "/v1/instances"):
         assert path not in bare["paths"], path
     full = document(routes_of(app_with(everything=True)))
     assert len([m for ops in full["paths"].values() for m in ops]) == len(OPERATIONS)
@@ -170,7 +177,7 @@ def test_a_qos_name_that_cannot_be_a_kv_key_is_400(name: str) -> None:
 def test_the_answer_types_give_no_unknown_status() -> None:
     for op in OPERATIONS:
         assert all(100 <= s < 400 for s in op.answers), op
-        assert set(op.errors) <= {400, 401, 403, 404, 409, 413, 415, 422, 503}, op
+        assert set(op.errors) <= {400, 401, 403, 404, 409, 413, 415, 422, 502, 503, 504}, op
     schemas: Any = document()["components"]["schemas"]
     assert "JobRequest" in schemas
     assert "QosProfileRequest" in schemas

@@ -1,4 +1,8 @@
-"""Scheduler properties against an independent brute-force oracle on small fleets."""
+"""Scheduler properties against an independent brute-force oracle on small fleets.
+
+Fleets carry warm datasets and requests name one now and then, so every property below
+holds with the dataset tie-breaker at work; the last ones check that tie-breaker itself:
+it never changes the level (nor the best fit) and, of equal groups, the warm one wins."""
 
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ from metalguard.controller.jobs.scheduler import (
     schedule_queue,
 )
 
+DATASETS = ("ds", "other")
+"""The datasets warm here and there in the generated fleets."""
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -48,6 +54,7 @@ def fleets(draw: st.DrawFn, max_nodes: int = 8, one_rack: bool = False) -> list[
                     st.sampled_from(["HEALTHY"] * 8 + ["SUB_HEALTHY", "FAILING", "MAINTENANCE"])
                 ),
                 cordoned=draw(st.sampled_from([False] * 7 + [True])),
+                warm_datasets=frozenset(draw(st.sets(st.sampled_from(DATASETS)))),
             )
         )
     if one_rack:
@@ -76,6 +83,7 @@ def requests(draw: st.DrawFn, job_id: str = "new", max_nodes: int = 4) -> JobReq
         preemptible=draw(st.booleans()),
         sensitive=draw(st.sampled_from([False, False, False, True])),
         exclude=frozenset(draw(st.lists(st.sampled_from([f"n{i}" for i in range(8)]), max_size=1))),
+        dataset=draw(st.sampled_from(["", "", *DATASETS, "cold"])),
     )
 
 
@@ -382,3 +390,141 @@ def test_greedy_preemption_spares_the_last_victim_of_its_group_when_not_needed()
     plan = plan_preemption(req, nodes, running, budget=0)
     assert plan is not None
     assert plan.victims == ("run0",)
+
+
+# --- the dataset tie-breaker ----------------------------------------------------------
+
+
+def _cold(nodes: Sequence[FleetNode]) -> list[FleetNode]:
+    return [msgspec.structs.replace(n, warm_datasets=frozenset()) for n in nodes]
+
+
+def _eligible(
+    req: JobRequest, nodes: Sequence[FleetNode], running: Sequence[RunningJob]
+) -> list[FleetNode]:
+    """The nodes one member of ``req`` may go on (the oracle's rules, node by node)."""
+    return [
+        n for n in nodes if _member_ok(n, req, running) and _tenants_ok([n], req, nodes, running)
+    ]
+
+
+@SETTINGS
+@given(situations())
+def test_warm_datasets_never_change_the_level_nor_the_best_fit(
+    case: tuple[list[FleetNode], list[RunningJob], JobRequest],
+) -> None:
+    """The same job on the same fleet with and without warm sets: the same level, a group
+    as good (as many eligible nodes), a valid placement; without a dataset, or with every
+    node cold, exactly the placement of before."""
+    nodes, running, req = case
+    cold_nodes = _cold(nodes)
+    before = place(req, cold_nodes, running)
+    assert place(replace(req, dataset=""), nodes, running) == place(
+        replace(req, dataset=""), cold_nodes, running
+    ), "a job without a dataset does not see warmth"
+    assert before == place(replace(req, dataset=""), cold_nodes, running)
+    after = place(req, nodes, running)
+    if before is None:
+        assert after is None
+        return
+    assert after is not None
+    _check(after, req, nodes, running)
+    assert after.level == before.level, "warmth changed the level"
+    ok = _eligible(req, nodes, running)
+    size = {g: sum(_group(n, after.level) == g for n in ok) for g in (before.group, after.group)}
+    assert size[after.group] == size[before.group], "warmth beat the best fit"
+    if not req.dataset:
+        assert after == before
+        return
+    # the tie-breaker itself: no equally good group has more warm eligible nodes ...
+    warm = [n for n in ok if req.dataset in n.warm_datasets]
+    groups = {_group(n, after.level) for n in ok}
+    tied = [g for g in groups if sum(_group(n, after.level) == g for n in ok) == size[after.group]]
+    count = {g: sum(_group(n, after.level) == g for n in warm) for g in tied}
+    fits = [g for g in tied if sum(_group(n, after.level) == g for n in ok) >= req.nodes]
+    assert count[after.group] == max(count[g] for g in fits)
+    # ... and inside the group warm nodes come first
+    here = {n.handle for n in warm if _group(n, after.level) == after.group}
+    assert len(here & set(after.nodes)) == min(req.nodes, len(here))
+
+
+@st.composite
+def equal_racks(
+    draw: st.DrawFn,
+) -> tuple[list[FleetNode], list[RunningJob], JobRequest, str, set[str]]:
+    """Identical racks of one cluster (the same job on the first node of each, or none),
+    a gang that fits one rack, and one rack (any: its name sorts anywhere) with a few
+    nodes where the gang's dataset is warm; returns the warm nodes it may use."""
+    racks = draw(st.integers(2, 4))
+    per_rack = draw(st.integers(2, 4))
+    busy = draw(st.booleans())
+    gpus = draw(st.sampled_from([0, 2, 4, 8]))
+    warm_rack = draw(st.integers(0, racks - 1))
+    warm_slots = draw(st.sets(st.integers(0, per_rack - 1), min_size=1))
+    nodes, running = [], []
+    for r in range(racks):
+        for i in range(per_rack):
+            warm = frozenset({"ds"} if r == warm_rack and i in warm_slots else ())
+            node = FleetNode(
+                handle=f"r1.c1.k{r}n{i}", region="r1", cluster="c1", zone="z1", rack=f"k{r}",
+                gpus=8, gpu_type="h100", cpu_cores=16, memory_gb=128, warm_datasets=warm,
+            )  # fmt: skip
+            nodes.append(node)
+        if busy:
+            held = JobRequest(job_id=f"run{r}", gpus_per_node=4, cpu=1)
+            running.append(RunningJob(held, (f"r1.c1.k{r}n0",)))
+    first_usable = busy and (gpus == 0 or gpus > 4)  # whole nodes, or more than is left
+    usable = per_rack - first_usable
+    gang = JobRequest(
+        job_id="new", nodes=draw(st.integers(1, usable)), gpus_per_node=gpus,
+        cpu=1 if gpus else 0, dataset="ds", max_spread=draw(st.sampled_from(LEVELS)),
+    )  # fmt: skip
+    skip = f"r1.c1.k{warm_rack}n0" if first_usable else ""
+    warm_usable = {n.handle for n in nodes if n.warm_datasets and n.handle != skip}
+    return nodes, running, gang, f"k{warm_rack}", warm_usable
+
+
+@SETTINGS
+@given(equal_racks())
+def test_of_equal_groups_the_warm_one_wins_and_its_warm_nodes_first(
+    case: tuple[list[FleetNode], list[RunningJob], JobRequest, str, set[str]],
+) -> None:
+    nodes, running, req, warm_rack, warm = case
+    placed = place(req, nodes, running)
+    assert placed is not None
+    _check(placed, req, nodes, running)
+    assert placed.level == "rack"
+    if warm:
+        assert placed.group == ("r1", "z1", "c1", warm_rack)
+    assert len(set(placed.nodes) & warm) == min(req.nodes, len(warm))
+    cold = place(req, _cold(nodes), running)
+    assert cold is not None
+    assert cold.group == ("r1", "z1", "c1", "k0"), "without warmth: by name, as before"
+
+
+def test_warmth_never_picks_an_unhealthy_node_nor_a_worse_fit() -> None:
+    """The warm nodes are FAILING, cordoned, or in a rack that fits worse: ignored."""
+
+    def node(handle: str, rack: str, **kw: object) -> FleetNode:
+        return FleetNode(
+            handle=handle, region="r1", cluster="c1", zone="z1", rack=rack, gpus=8,
+            gpu_type="h100", cpu_cores=16, memory_gb=128, **kw,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    warm = frozenset({"ds"})
+    nodes = [
+        node("a1", "a"), node("a2", "a"),
+        node("b1", "b", warm_datasets=warm, grade="FAILING"),
+        node("b2", "b", warm_datasets=warm, cordoned=True), node("b3", "b"), node("b4", "b"),
+        node("c1", "c", warm_datasets=warm), node("c2", "c", warm_datasets=warm),
+        node("c3", "c", warm_datasets=warm),
+    ]  # fmt: skip
+    req = JobRequest(job_id="j", nodes=2, gpus_per_node=8, dataset="ds")
+    placed = place(req, nodes)
+    assert placed is not None
+    # a has 2 eligible nodes, b 2 (b1, b2 out), c 3: a and b fit best; b's warm nodes
+    # do not count, so the tie stays with a (by name), never the warmer but bigger c
+    assert (placed.level, placed.nodes) == ("rack", ("a1", "a2"))
+    assert place(replace(req, nodes=3), nodes) == Placement(
+        "j", ("c1", "c2", "c3"), "rack", ("r1", "z1", "c1", "c")
+    )

@@ -120,11 +120,12 @@
     const [view, ...rest] = hash.split("/");
     if (view === "node" && rest.length) return { view: "node", node: decodeURIComponent(rest.join("/")) };
     if (view === "jobs") return { view: "jobs" };
+    if (view === "instances") return { view: "instances" };
     return { view: "fleet" };
   }
 
   function markNav(view) {
-    for (const [id, name] of [["nav-fleet", "fleet"], ["nav-jobs", "jobs"]]) {
+    for (const [id, name] of [["nav-fleet", "fleet"], ["nav-jobs", "jobs"], ["nav-instances", "instances"]]) {
       const a = document.getElementById(id);
       if (name === view || (view === "node" && name === "fleet")) a.setAttribute("aria-current", "page");
       else a.removeAttribute("aria-current");
@@ -148,6 +149,7 @@
       let content;
       if (r.view === "node") content = await nodeView(r.node);
       else if (r.view === "jobs") content = await jobsView();
+      else if (r.view === "instances") content = await instancesView();
       else content = await fleetView();
       main.replaceChildren(...content);
       document.body.dataset.view = r.view;
@@ -225,19 +227,37 @@
     return new Map(names.map((x) => [x, x.slice(cut).slice(-5)]));
   }
 
+  /** A node's provisioning in words: "instance acme-1 active, tenant acme" (or null for a
+   * node provisioning does not know, or one with no instance). */
+  function provisionText(p) {
+    if (!p) return null;
+    const flagged = p.flagged ? ", flagged after failed deploys" : "";
+    if (!p.instance) return p.flagged ? `provisioning: ${p.state}${flagged}` : null;
+    return `instance ${p.instance} ${p.state}, tenant ${p.tenant}${flagged}`;
+  }
+
   function nodeButton(n, short) {
     const why = n.reasons && n.reasons.length ? n.reasons[0].message || n.reasons[0].signal : "";
     const flags = [n.cordoned && "cordoned", n.held && "held"].filter(Boolean).join(", ");
-    const label = `${n.node}: ${n.grade}, score ${fmtValue(n.score)}${flags ? `, ${flags}` : ""}${why ? `; ${why}` : ""}`;
+    const prov = provisionText(n.provision);
+    const label = `${n.node}: ${n.grade}, score ${fmtValue(n.score)}${flags ? `, ${flags}` : ""}${prov ? `, ${prov}` : ""}${why ? `; ${why}` : ""}`;
+    const p = n.provision || null;
+    const provClass = p && (p.instance || p.flagged) ? ` prov prov-${p.state}${p.flagged ? " prov-flagged" : ""}` : "";
     return h(
       "li",
       {},
       h("button", {
         type: "button",
-        class: `node g-${n.grade}${n.cordoned ? " cordoned" : ""}`,
+        class: `node g-${n.grade}${n.cordoned ? " cordoned" : ""}${provClass}`,
         "aria-label": label,
         title: label,
-        dataset: { node: n.handle, grade: n.grade, focusKey: `node:${n.handle}` },
+        dataset: {
+          node: n.handle,
+          grade: n.grade,
+          focusKey: `node:${n.handle}`,
+          ...(p ? { provision: p.state } : {}),
+          ...(p && p.tenant ? { tenant: p.tenant } : {}),
+        },
         onclick: () => {
           location.hash = `#/node/${encodeURIComponent(n.handle)}`;
         },
@@ -253,12 +273,51 @@
     return grid;
   }
 
-  function legend() {
+  function legend(provisioned) {
     return h(
       "ul",
       { class: "legend", "aria-label": "Grade colours" },
       GRADES.map((g) => h("li", {}, h("span", { class: `swatch g-${g}`, "aria-hidden": "true" }), g)),
+      provisioned
+        ? h("li", {}, h("span", { class: "swatch prov-swatch", "aria-hidden": "true" }), "booted for a tenant (hover for the instance)")
+        : null,
     );
+  }
+
+  /** Under a rack's grid: each node booted for a tenant, "n1 acme · active". */
+  function rackTenants(rack, nodes) {
+    const short = shortNames(nodes);
+    const booted = nodes.filter((n) => n.provision && n.provision.instance);
+    if (!booted.length) return null;
+    return h(
+      "ul",
+      { class: "rack-tenants", "aria-label": `tenants' nodes of rack ${rack}` },
+      booted.map((n) =>
+        h(
+          "li",
+          { dataset: { node: n.handle, tenant: n.provision.tenant, provision: n.provision.state } },
+          h("a", { href: `#/node/${encodeURIComponent(n.handle)}`, text: short.get(n.node) }),
+          ` ${n.provision.tenant} · ${n.provision.state}`,
+        ),
+      ),
+    );
+  }
+
+  /** Instances per tenant and state, for the fleet's heading ("acme: 2 active"). */
+  function tenantSummary(nodes) {
+    const by = new Map();
+    for (const n of nodes) {
+      const p = n.provision;
+      if (!p || !p.instance) continue;
+      const key = `${p.tenant}: ${p.state}`;
+      by.set(key, (by.get(key) || 0) + 1);
+    }
+    if (!by.size) return null;
+    const parts = [...by.entries()].sort(([a], [b]) => naturalCompare(a, b)).map(([k, c]) => {
+      const [tenant, st] = k.split(": ");
+      return `${tenant}: ${c} ${st}`;
+    });
+    return h("p", { id: "tenants", class: "muted" }, "Tenants' nodes: ", h("a", { href: "#/instances", text: parts.join(" · ") }));
   }
 
   /** GET /v1/qos by "region/cluster", or an empty map where the controller has no QoS
@@ -333,7 +392,8 @@
     const out = [
       h("h2", { text: `Fleet: ${nodes.length} node${nodes.length === 1 ? "" : "s"}` }),
       countList(nodes, "fleet"),
-      legend(),
+      legend(nodes.some((n) => n.provision && n.provision.instance)),
+      tenantSummary(nodes),
     ];
     if (!nodes.length) out.push(h("p", { class: "muted", text: "No node has reported yet." }));
     for (const [region, inRegion] of groupBy(nodes, (n) => n.region)) {
@@ -353,6 +413,7 @@
               h("p", { class: "rack-title", text: `rack ${rack} · ${inRack.length}` }),
               countList(inRack, `rack ${rack}`),
               nodeGrid(rack, inRack),
+              rackTenants(rack, inRack),
             ),
           );
         }
@@ -538,8 +599,38 @@
     );
   }
 
+  /** The node's instances (GET /v1/instances?node=), or null where the controller has no
+   * provisioning (404) or they cannot be read: the node page never waits on it. */
+  async function nodeInstances(handle) {
+    try {
+      const { instances } = await api(`v1/instances?node=${encodeURIComponent(handle)}`);
+      return instances;
+    } catch (_) {
+      return null;
+    }
+  }
+
+  function instanceFacts(instances) {
+    if (instances === null) return h("p", { id: "instance", class: "muted", text: "No provisioning on this controller." });
+    const live = instances.filter((i) => i.state !== "released" && i.state !== "deploy_failed");
+    const shown = live.length ? live[live.length - 1] : instances[instances.length - 1];
+    if (!shown) return h("p", { id: "instance", class: "muted", text: "No instance has been on this node." });
+    return h(
+      "dl",
+      { class: "facts", id: "instance", dataset: { instance: shown.instance_id, state: shown.state, tenant: shown.tenant } },
+      h("dt", { text: "instance" }), h("dd", { text: shown.instance_id }),
+      h("dt", { text: "state" }), h("dd", { text: shown.state + (shown.error ? ` (${shown.error})` : "") }),
+      h("dt", { text: "tenant" }), h("dd", { text: shown.tenant }),
+      h("dt", { text: "image" }), h("dd", { text: shown.image }),
+      h("dt", { text: "volume" }), h("dd", { text: shown.volume }),
+      h("dt", { text: "ready" }), h("dd", { text: fmtDateTime(shown.ready_ts) }),
+      h("dt", { text: "history" }),
+      h("dd", { text: (shown.history || []).map((t) => `${fmtTime(t.ts)} ${t.state}${t.reason ? ` (${t.reason})` : ""}`).join(" → ") || "—" }),
+    );
+  }
+
   async function nodeView(handle) {
-    const body = await api(`v1/nodes/${encodeURIComponent(handle)}`);
+    const [body, instances] = await Promise.all([api(`v1/nodes/${encodeURIComponent(handle)}`), nodeInstances(handle)]);
     const r = body.record;
     const name = r.node.node;
     const flags = [
@@ -566,6 +657,7 @@
       h("section", { class: "card", "aria-labelledby": "h-counters" }, h("h3", { id: "h-counters", text: "Recent counters" }), countersTable(body.signals || {})),
       h("section", { class: "card", "aria-labelledby": "h-qos" }, h("h3", { id: "h-qos", text: "QoS" }), qosTable(body.qos)),
       h("section", { class: "card", "aria-labelledby": "h-bmc" }, h("h3", { id: "h-bmc", text: "BMC" }), bmcFacts(body.bmc)),
+      h("section", { class: "card", "aria-labelledby": "h-instance" }, h("h3", { id: "h-instance", text: "Provisioning" }), instanceFacts(instances)),
     ];
   }
 
@@ -648,6 +740,50 @@
     ];
   }
 
+  // --- instances (provisioning: docs/provisioning.md) ------------------------------------
+
+  async function instancesView() {
+    let instances, nodes;
+    try {
+      [{ instances }, { nodes }] = await Promise.all([api("v1/instances"), api("v1/provision/nodes")]);
+    } catch (err) {
+      if (err instanceof HttpError && (err.status === 404 || err.status === 405)) {
+        return [h("h2", { text: "Instances" }), h("p", { id: "no-provision-api", class: "muted", text: "No provisioning on this controller (its config has no [provision] section)." })];
+      }
+      throw err;
+    }
+    const rows = [...instances].reverse().map((i) =>
+      h(
+        "tr",
+        { dataset: { instance: i.instance_id, state: i.state, tenant: i.tenant } },
+        h("td", { text: i.instance_id }),
+        h("td", { text: i.tenant }),
+        h("td", { text: i.image }),
+        h("td", { text: i.state }),
+        h("td", {}, i.node ? h("a", { href: `#/node/${encodeURIComponent(i.node)}`, text: i.node.split(".").pop() }) : "—"),
+        h("td", { text: i.volume }),
+        h("td", { class: "num", text: String(i.attempts) }),
+        h("td", { text: fmtTime(i.ready_ts) }),
+        h("td", { text: i.error || (i.history && i.history.length ? i.history[i.history.length - 1].reason : "") }),
+      ),
+    );
+    const counts = new Map();
+    for (const n of nodes) counts.set(n.state, (counts.get(n.state) || 0) + 1);
+    const flagged = nodes.filter((n) => n.flagged).map((n) => n.node.split(".").pop());
+    return [
+      h("h2", { text: `Instances: ${instances.length}` }),
+      h(
+        "p",
+        { id: "provision-nodes", class: "muted" },
+        `Provisioned nodes: ${nodes.length} (${[...counts.entries()].map(([st, c]) => `${c} ${st}`).join(", ") || "none"})`,
+        flagged.length ? `; flagged after failed deploys: ${flagged.join(", ")}` : "",
+      ),
+      instances.length
+        ? table("Instances, newest first", ["id", "tenant", "image", "state", "node", "volume", "attempts", "ready", "error / last step"], rows, { id: "instances" })
+        : h("p", { class: "muted", text: "No instance deployed." }),
+    ];
+  }
+
   // --- live events (SSE over fetch, so the token travels in a header) ------------------
 
   function setConn(which, text) {
@@ -660,9 +796,9 @@
   }
 
   function eventClass(kind) {
-    if (/isolated|unreachable|tripped|drift|unsupported|preempted|held/.test(kind)) return "k-bad";
-    if (/sub_healthy|cordoned|maintenance|rescheduled/.test(kind)) return "k-warn";
-    if (/returned|uncordoned|applied|finished/.test(kind)) return "k-good";
+    if (/isolated|unreachable|tripped|drift|unsupported|preempted|held|deploy_failed|node_failing|provision_flagged/.test(kind)) return "k-bad";
+    if (/sub_healthy|cordoned|maintenance|rescheduled|switching|releasing|replaced/.test(kind)) return "k-warn";
+    if (/returned|uncordoned|applied|finished|instance\.active/.test(kind)) return "k-good";
     return "";
   }
 

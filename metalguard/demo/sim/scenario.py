@@ -21,6 +21,15 @@ A scenario is TOML::
     checkpoint_every = 5
     region = "r1"    # optional: the region whose job manager runs it (default: the first)
 
+    [[provision]]    # optional: a provisioning step at `at` (docs/provisioning.md)
+    at = 8
+    action = "create"  # create | switch | release | replace
+    instance = "acme-1"
+    tenant = "acme"    # create, switch
+    image = "demo-base"  # create, switch (the demo registers "demo-base")
+    node = "r1c1k4n1"  # create: optional (default: any available node of region r1)
+    expect = "active"  # optional: the instance's state at the end of the run
+
 Errors name the file, the key and the problem, like every other document here.
 """
 
@@ -28,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -36,6 +45,7 @@ from metalguard.demo.sim.faults import KNOWN_KINDS
 from metalguard.proto.base import Token
 from metalguard.proto.documents import DocumentError, load_document
 from metalguard.proto.nodes import Grade
+from metalguard.proto.provision import InstanceState
 
 
 class ScenarioError(DocumentError):
@@ -74,12 +84,41 @@ class ScenarioJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     """The region whose job manager runs it (``r2``); empty: the demo's first region."""
 
 
+ProvisionAction = Literal["create", "switch", "release", "replace"]
+
+
+class ScenarioProvision(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One ``[[provision]]`` entry: a step the demo asks of region r1's provisioning
+    service at ``at`` (docs/provisioning.md), as the API would."""
+
+    at: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    action: ProvisionAction
+    instance: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")]
+    tenant: str = ""
+    """create, switch: the tenant."""
+    image: str = ""
+    """create, switch: the base image (the demo registers ``demo-base``)."""
+    node: str = ""
+    """create: a node name of the fleet (``r1c1k4n1``), or "" for any available node."""
+    volume: str = ""
+    """create, switch: an existing volume of the tenant to boot."""
+    keep_volume: bool = True
+    """release: keep the tenant's volume (false: delete it)."""
+    expect: InstanceState | None = None
+    """The instance's state at the end of the run (the demo report checks it)."""
+
+    def __post_init__(self) -> None:
+        if self.action in ("create", "switch") and not (self.tenant and self.image):
+            raise ValueError(f"a {self.action} needs a tenant and an image")
+
+
 class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A whole scenario file."""
 
     description: str = ""
     fault: tuple[Fault, ...] = ()
     job: tuple[ScenarioJob, ...] = ()
+    provision: tuple[ScenarioProvision, ...] = ()
 
 
 def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
@@ -104,9 +143,23 @@ def _known_kinds(scenario: Scenario, source: str) -> Scenario:
 
 
 def unknown_nodes(scenario: Scenario, nodes: Iterable[str]) -> list[str]:
-    """Nodes the scenario names that are not in ``nodes`` (in file order, once each)."""
+    """Nodes the scenario's faults name that are not in ``nodes`` (in file order, once
+    each)."""
     known = set(nodes)
     return list(dict.fromkeys(f.node for f in scenario.fault if f.node not in known))
+
+
+def instances_off(scenario: Scenario, nodes: Iterable[str]) -> list[str]:
+    """The instances of the ``[[provision]]`` steps that a create puts on a node not in
+    ``nodes`` (their steps cannot be taken), in file order, once each."""
+    known = set(nodes)
+    return list(
+        dict.fromkeys(
+            p.instance
+            for p in scenario.provision
+            if p.action == "create" and p.node and p.node not in known
+        )
+    )
 
 
 def due_faults(
@@ -117,6 +170,18 @@ def due_faults(
         (i, f)
         for i, f in enumerate(scenario.fault)
         if f.at <= elapsed_s and i not in already_applied
+    ]
+    return sorted(due, key=lambda item: (item[1].at, item[0]))
+
+
+def due_provision(
+    scenario: Scenario, elapsed_s: float, already_done: Collection[int]
+) -> list[tuple[int, ScenarioProvision]]:
+    """The ``[[provision]]`` steps due at ``elapsed_s`` not yet taken, earliest first."""
+    due = [
+        (i, p)
+        for i, p in enumerate(scenario.provision)
+        if p.at <= elapsed_s and i not in already_done
     ]
     return sorted(due, key=lambda item: (item[1].at, item[0]))
 

@@ -1,0 +1,304 @@
+"""The dataset cache's FUSE file system: a read-only view of the source over a CacheStore.
+
+:class:`CacheFS` is an :mod:`mfusepy` ``Operations`` object (``raw_fi``: it sets
+``keep_cache`` and ``direct_io`` on opens).  Every callback may run on any of libfuse's
+worker threads at once; the store is thread-safe, and the little state kept here (the
+stats snapshots of open ``.mgcache-stats`` handles, the versions the kernel's page cache
+holds) sits behind one lock held only around dict operations.
+
+What it serves
+--------------
+* The source's directories and files (mode 0555 / 0444), from the store's TTL-cached
+  listings; reads through :meth:`CacheStore.read` (a hit, a fill on a miss, or a read
+  through) — every byte is the store's, whose bytes are the source's.
+* ``/.mgcache-stats`` (:data:`STATS_NAME`): the cache's figures (the ``stats.json``
+  record, msgspec JSON) taken at open; not listed by ``readdir`` (a dataset walker does
+  not see it), found by name.  It shadows a source file of that name.
+* Extended attributes for the ``mgcache::`` fsspec path (fsspec_fs.py), which reads hits
+  from the cached copies without a FUSE hop: ``user.mgcache.path`` on a file fills it if
+  needed and answers the path of its current cached copy, relative to the cache dir
+  (ENODATA when the file is read through; each call is one access for the store);
+  ``user.mgcache.info`` on the root answers :class:`MountInfo` as JSON.
+  Neither is listed by ``listxattr``.
+
+The page cache: an open whose file has the version (size, mtime, ETag) the kernel's
+pages were read at sets ``keep_cache``, so repeated reads of an unchanged file never
+reach user space; any other open leaves it unset, which makes the kernel drop the
+file's pages.  Versions only move forward (a changed source file is dropped and
+fetched again), so pages read at the current version are the current bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import cachetools
+import mfusepy
+import msgspec
+
+from metalguard.agent.cache.source import Entry, normalize
+from metalguard.proto.telemetry import DatasetCache
+
+log = logging.getLogger(__name__)
+
+STATS_NAME = ".mgcache-stats"
+XATTR_PATH = "user.mgcache.path"
+XATTR_INFO = "user.mgcache.info"
+PAGE_VERSIONS = 200_000
+"""Files whose page-cache version is remembered (forgetting one costs a re-read)."""
+_ENOATTR = getattr(errno, "ENOATTR", errno.ENODATA)
+
+
+class StoreLike(Protocol):
+    """What :class:`CacheFS` needs of a :class:`~.store.CacheStore`."""
+
+    def stat(self, path: str) -> Entry: ...
+
+    def listdir(self, path: str = "") -> list[Entry]: ...
+
+    def read(self, path: str, offset: int, size: int) -> bytes: ...
+
+    def fetch(self, path: str) -> Path | None: ...
+
+    def stats(self) -> DatasetCache: ...
+
+
+class MountInfo(msgspec.Struct, frozen=True):
+    """What ``user.mgcache.info`` on the mount's root answers (the fsspec path's view)."""
+
+    dataset: str
+    source: str
+    """The source, without credentials."""
+    cache_dir: str
+    metadata_ttl_s: float
+    hits_socket: str = ""
+    """A datagram socket taking the relative paths of hits read from cached copies
+    directly ("" when none)."""
+
+
+class CacheFS(mfusepy.Operations):  # type: ignore[misc]
+    """A read-only FUSE view of ``store`` (mount it with :func:`fuse_options` and
+    ``raw_fi=True``); ``on_init`` runs once libfuse has started the session."""
+
+    use_ns = True
+
+    def __init__(
+        self,
+        store: StoreLike,
+        info: MountInfo,
+        on_init: Callable[[], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._info = msgspec.json.encode(info)
+        self._cache_dir = info.cache_dir
+        self._on_init = on_init
+        self._uid = os.getuid()
+        self._gid = os.getgid()
+        self._lock = threading.Lock()
+        self._snapshots: dict[int, bytes] = {}
+        self._next_fh = 1
+        self._started = time.time()
+        self._page_versions: cachetools.LRUCache[str, tuple[int, float, str]] = cachetools.LRUCache(
+            PAGE_VERSIONS
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def init_with_config(self, conn_info: Any, config_3: Any) -> None:
+        """libfuse started the session (the kernel's INIT): tell the runner."""
+        if self._on_init is not None:
+            self._on_init()
+
+    # -- metadata --------------------------------------------------------------------------
+
+    def getattr(self, path: str, fh: Any = None) -> dict[str, Any]:
+        """stat(2) of ``path``: the source's entry, the root, or the stats file."""
+        if path == "/" + STATS_NAME:
+            return self._file_attrs(len(self._stats_bytes()), 0)
+        entry = self._entry(path)
+        if entry.is_dir:
+            return self._dir_attrs(entry.mtime)
+        return self._file_attrs(entry.size, entry.mtime)
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        """The names in directory ``path`` (the stats file is not listed)."""
+        try:
+            entries = self._store.listdir(_rel(path))
+        except (FileNotFoundError, ValueError):
+            raise mfusepy.FuseOSError(errno.ENOENT) from None
+        except NotADirectoryError:
+            raise mfusepy.FuseOSError(errno.ENOTDIR) from None
+        except OSError as e:
+            raise _io_error("listing", path, e) from None
+        return [".", "..", *(e.name for e in entries)]
+
+    def statfs(self, path: str) -> dict[str, int]:
+        """The cache's capacity and occupancy, in 4 KiB blocks (what ``df`` shows)."""
+        s = self._store.stats()
+        block = 4096
+        total = max(s.max_bytes // block, 1)
+        used = min(s.used_bytes // block, total)
+        return {
+            "f_bsize": block,
+            "f_frsize": block,
+            "f_blocks": total,
+            "f_bfree": total - used,
+            "f_bavail": 0,
+            "f_files": s.cached_files,
+            "f_ffree": 0,
+            "f_favail": 0,
+            "f_namemax": 255,
+        }
+
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        """``user.mgcache.path`` (a file's cached copy) and ``user.mgcache.info`` (the
+        root); ENODATA for any other name, or when the file is read through."""
+        if name == XATTR_INFO and path == "/":
+            return self._info
+        if name != XATTR_PATH or path in ("/", "/" + STATS_NAME):
+            raise mfusepy.FuseOSError(_ENOATTR)
+        entry = self._entry(path)
+        if entry.is_dir:
+            raise mfusepy.FuseOSError(_ENOATTR)
+        try:
+            local = self._store.fetch(entry.path)
+        except FileNotFoundError:
+            raise mfusepy.FuseOSError(errno.ENOENT) from None
+        except OSError as e:
+            raise _io_error("fetching", path, e) from None
+        if local is None:
+            raise mfusepy.FuseOSError(_ENOATTR)
+        # Relative to the cache dir: short enough for one getxattr call of the caller
+        # (CPython's os.getxattr tries 128 bytes first; a second call would count twice).
+        return os.fsencode(os.path.relpath(local, self._cache_dir))
+
+    def listxattr(self, path: str) -> list[str]:
+        """No attributes listed (``user.mgcache.*`` are asked for by name)."""
+        return []
+
+    # -- data -------------------------------------------------------------------------------
+
+    def open(self, path: str, fi: Any) -> int:
+        """Read-only opens; ``keep_cache`` when the kernel's pages are of this version."""
+        if fi.flags & os.O_ACCMODE != os.O_RDONLY:
+            raise mfusepy.FuseOSError(errno.EROFS)
+        if path == "/" + STATS_NAME:
+            with self._lock:
+                fh = self._next_fh
+                self._next_fh += 1
+                self._snapshots[fh] = self._stats_bytes()
+            fi.fh = fh
+            fi.direct_io = 1
+            return 0
+        entry = self._entry(path)
+        if entry.is_dir:
+            raise mfusepy.FuseOSError(errno.EISDIR)
+        with self._lock:
+            keep = self._page_versions.get(entry.path) == entry.version
+            self._page_versions[entry.path] = entry.version
+        fi.fh = 0
+        fi.keep_cache = 1 if keep else 0
+        return 0
+
+    def read(self, path: str, size: int, offset: int, fi: Any) -> bytes:
+        """``size`` bytes at ``offset``: the store's (cached, filled or read through)."""
+        if fi.fh:
+            with self._lock:
+                snapshot = self._snapshots.get(fi.fh, b"")
+            return snapshot[offset : offset + size]
+        try:
+            return self._store.read(_rel(path), offset, size)
+        except (FileNotFoundError, ValueError):
+            raise mfusepy.FuseOSError(errno.ENOENT) from None
+        except IsADirectoryError:
+            raise mfusepy.FuseOSError(errno.EISDIR) from None
+        except OSError as e:
+            raise _io_error("reading", path, e) from None
+        except Exception as e:  # a source backend's own exception: the reader sees EIO
+            log.warning("reading %s failed: %s: %s", path, type(e).__name__, e)
+            raise mfusepy.FuseOSError(errno.EIO) from None
+
+    def release(self, path: str, fi: Any) -> int:
+        """Forget an open stats file's snapshot."""
+        if fi.fh:
+            with self._lock:
+                self._snapshots.pop(fi.fh, None)
+        return 0
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _entry(self, path: str) -> Entry:
+        try:
+            return self._store.stat(_rel(path))
+        except (FileNotFoundError, ValueError):
+            raise mfusepy.FuseOSError(errno.ENOENT) from None
+        except OSError as e:
+            raise _io_error("stat of", path, e) from None
+        except Exception as e:  # a source backend's own exception
+            log.warning("stat of %s failed: %s: %s", path, type(e).__name__, e)
+            raise mfusepy.FuseOSError(errno.EIO) from None
+
+    def _stats_bytes(self) -> bytes:
+        return msgspec.json.encode(self._store.stats()) + b"\n"
+
+    def _dir_attrs(self, mtime: float) -> dict[str, Any]:
+        ns = int((mtime or self._started) * 1e9)  # no mtime from the source: the mount's
+        return {
+            "st_mode": stat.S_IFDIR | 0o555,
+            "st_nlink": 2,
+            "st_uid": self._uid,
+            "st_gid": self._gid,
+            "st_mtime": ns,
+            "st_ctime": ns,
+            "st_atime": ns,
+        }
+
+    def _file_attrs(self, size: int, mtime: float) -> dict[str, Any]:
+        ns = int(mtime * 1e9)
+        return {
+            "st_mode": stat.S_IFREG | 0o444,
+            "st_nlink": 1,
+            "st_size": size,
+            "st_blocks": (size + 511) // 512,
+            "st_uid": self._uid,
+            "st_gid": self._gid,
+            "st_mtime": ns,
+            "st_ctime": ns,
+            "st_atime": ns,
+        }
+
+
+def fuse_options(dataset: str, metadata_ttl_s: float) -> dict[str, Any]:
+    """The mount options: read-only, every user may read (``allow_other`` with the
+    kernel checking the 0444/0555 modes), multithreaded, in the foreground, and kernel
+    attribute caching no longer than the metadata TTL (at most 1 s more staleness)."""
+    timeout = min(metadata_ttl_s, 1.0)
+    return {
+        "foreground": True,
+        "ro": True,
+        "allow_other": True,
+        "default_permissions": True,
+        "fsname": f"mgcache:{dataset}",
+        "subtype": "mgcache",
+        "attr_timeout": timeout,
+        "entry_timeout": timeout,
+        "negative_timeout": timeout,
+    }
+
+
+def _rel(path: str) -> str:
+    return normalize(path)
+
+
+def _io_error(what: str, path: str, e: OSError) -> mfusepy.FuseOSError:
+    code = e.errno if isinstance(e.errno, int) and e.errno > 0 else errno.EIO
+    log.warning("%s %s failed: %s", what, path, e)
+    return mfusepy.FuseOSError(code)
