@@ -42,6 +42,8 @@ from types import TracebackType
 
 import msgspec
 
+from metalguard.runtime.durable import write_durably
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"MGSPOOL1"
@@ -278,7 +280,7 @@ class Spool:
     def _write(self, index: int, data: bytes) -> None:
         final = self._path(index)
         tmp = self.directory / f".{final.stem}{_TMP_SUFFIX}"
-        _write_durably(tmp, data)
+        write_durably(tmp, data)
         os.replace(tmp, final)
 
     def _read(self, index: int) -> SpoolEntry | None:
@@ -318,19 +320,8 @@ class Spool:
     def _write_counter(self, value: int) -> None:
         path = self.directory / _DROPS_FILE
         tmp = self.directory / f".{_DROPS_FILE}{_TMP_SUFFIX}"
-        _write_durably(tmp, f"{value}\n".encode())
+        write_durably(tmp, f"{value}\n".encode())
         os.replace(tmp, path)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _lock_directory(directory: Path) -> int:

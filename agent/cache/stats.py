@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 
 from metalguard.proto.telemetry import DatasetCache
+from metalguard.runtime.durable import write_durably
 
 STATS_FILE = "stats.json"
 
@@ -45,15 +46,7 @@ def write_stats(path: str | os.PathLike[str], record: DatasetCache) -> None:
     """Write ``record`` to ``path`` atomically (tmp file, fsync, rename)."""
     target = Path(path)
     tmp = target.with_name(target.name + ".tmp")
-    data = msgspec.json.encode(record)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durably(tmp, msgspec.json.encode(record), 0o644)
     os.replace(tmp, target)
 
 

@@ -116,6 +116,26 @@ def remove_tmp_files(directory: Path) -> list[str]:
     return removed
 
 
+def remove_leftovers(directory: Path, what: str) -> list[str]:
+    """Remove what an interrupted add or delete left in ``directory`` (a registry of
+    ``<name>.qcow2`` files, each committed by its ``<name>.json`` record): work files, a
+    qcow2 without its record, a record without its qcow2; their names."""
+    if not directory.is_dir():
+        return []
+    removed = remove_tmp_files(directory)
+    for qcow in sorted(directory.glob("*.qcow2")):
+        if not qcow.with_suffix(".json").exists():
+            qcow.unlink(missing_ok=True)
+            removed.append(qcow.name)
+    for meta in sorted(directory.glob("*.json")):
+        if not meta.with_suffix(".qcow2").exists():  # a record whose file is gone
+            meta.unlink(missing_ok=True)
+            removed.append(meta.name)
+    if removed:
+        log.warning("%s: removed leftovers %s", what, ", ".join(removed))
+    return removed
+
+
 class ImageRegistry:
     """Base images under ``<data_dir>/images``: add (dir or file), get, list, delete.
 
@@ -327,22 +347,8 @@ class ImageRegistry:
         log.info("image %s deleted", name)
 
     def cleanup(self) -> builtins.list[str]:
-        """Remove leftovers of interrupted adds and deletes: temp files, a qcow2 without
-        its record, a record without its qcow2."""
-        if not self.dir.is_dir():
-            return []
-        removed = remove_tmp_files(self.dir)
-        for qcow in sorted(self.dir.glob("*.qcow2")):
-            if not self._meta(qcow.stem).exists():
-                qcow.unlink(missing_ok=True)
-                removed.append(qcow.name)
-        for meta in sorted(self.dir.glob("*.json")):
-            if not meta.with_suffix(".qcow2").exists():  # a record whose file is gone
-                meta.unlink(missing_ok=True)
-                removed.append(meta.name)
-        if removed:
-            log.warning("images: removed leftovers %s", ", ".join(removed))
-        return removed
+        """Remove leftovers of interrupted adds and deletes (:func:`remove_leftovers`)."""
+        return remove_leftovers(self.dir, "images")
 
 
 async def _run_invalid(

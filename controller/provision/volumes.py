@@ -26,7 +26,7 @@ from metalguard.controller.provision import qemuimg
 from metalguard.controller.provision.images import (
     TMP_PREFIX,
     ImageRegistry,
-    remove_tmp_files,
+    remove_leftovers,
     write_json_atomic,
 )
 from metalguard.controller.provision.tool import StorageError, run_tool
@@ -165,19 +165,6 @@ class VolumeStore:
         log.info("volume %s deleted", name)
 
     def cleanup(self) -> builtins.list[str]:
-        """Remove leftovers of interrupted creates and deletes: temp files, an overlay
-        without its record, a record without its overlay."""
-        if not self.dir.is_dir():
-            return []
-        removed = remove_tmp_files(self.dir)
-        for qcow in sorted(self.dir.glob("*.qcow2")):
-            if not self._meta(qcow.stem).exists():
-                qcow.unlink(missing_ok=True)
-                removed.append(qcow.name)
-        for meta in sorted(self.dir.glob("*.json")):
-            if not meta.with_suffix(".qcow2").exists():  # a record whose file is gone
-                meta.unlink(missing_ok=True)
-                removed.append(meta.name)
-        if removed:
-            log.warning("volumes: removed leftovers %s", ", ".join(removed))
-        return removed
+        """Remove leftovers of interrupted creates and deletes (an overlay without its
+        record, a record without its overlay: :func:`remove_leftovers`)."""
+        return remove_leftovers(self.dir, "volumes")

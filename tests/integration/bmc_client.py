@@ -63,6 +63,13 @@ async def command_service(
         NatsSettings(servers=(nats_url,)),
         subjects,
     )
+    async with serving(svc) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def serving(svc: BmcCommandService) -> AsyncIterator[BmcCommandService]:
+    """``svc`` started, running and subscribed; closed on the way out."""
     await svc.start()
     task = asyncio.create_task(svc.run())
     await wait_until(lambda: svc.subscribed, 10, "the command subscriptions")

@@ -19,7 +19,6 @@ a region with real parts and no VM.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -56,7 +55,7 @@ from metalguard.proto.provision import Instance
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
 from tests.integration import nbd_client
-from tests.integration.bmc_client import credentials, target
+from tests.integration.bmc_client import credentials, serving, target
 from tests.integration.redfish_emulator import Certificate, RedfishEmulator, start_emulator
 from tests.waiting import wait_until
 
@@ -297,15 +296,8 @@ async def bmc_proxy(
         opener=opener, poll_s=0.01, transition_timeout_s=5.0, store=tmp / "outcomes.jsonl"
     )
     svc = BmcCommandService(targets, remediator, NatsSettings(servers=(nats_url,)), subjects)
-    await svc.start()
-    task = asyncio.create_task(svc.run())
-    await wait_until(lambda: svc.subscribed, 10, "the bmc-proxy's subscriptions")
-    try:
-        yield svc
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await svc.close()
+    async with serving(svc) as running:
+        yield running
 
 
 async def build_image(storage: QemuStorage, tmp: Path, name: str = "base") -> None:
