@@ -13,12 +13,21 @@ from hypothesis import strategies as st
 
 from metalguard.proto.codec import encode
 
+MSGPACK_INT_MIN = -(2**63)
+MSGPACK_INT_MAX = 2**64 - 1
+"""The integers msgpack can carry (a larger one is not a message: msgspec refuses to
+encode it, so hypothesis must not draw it)."""
+
 
 def drawn_bytes(n: int) -> list[bytes]:
     """``n`` byte strings from hypothesis (up to 300 bytes, msgpack-looking ones too)."""
     out: list[bytes] = []
     msgpackish = st.recursive(
-        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=MSGPACK_INT_MIN, max_value=MSGPACK_INT_MAX)
+        | st.floats()
+        | st.text(max_size=8),
         lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
         max_leaves=8,
     ).map(msgspec.msgpack.encode)
