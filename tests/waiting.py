@@ -26,6 +26,17 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str)
         await asyncio.sleep(POLL_S)
 
 
+def wait_until_blocking(
+    predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05
+) -> None:
+    """:func:`wait_until` for a test without an event loop (threads, a child's files)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(poll_s)
+
+
 async def wait_for_value(
     probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], timeout_s: float, what: str
 ) -> T:

@@ -17,13 +17,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import msgspec
 
 from metalguard.proto.telemetry import DatasetCache
+from tests.waiting import wait_until_blocking
 
 READY_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 30.0
@@ -222,11 +222,7 @@ def data_bytes_on_disk(cache_dir: Path) -> int:
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll ``predicate`` (a child's effect: no event to wait on) until a deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
+    wait_until_blocking(predicate, timeout_s, what)
 
 
 @contextlib.contextmanager

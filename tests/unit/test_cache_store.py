@@ -8,7 +8,6 @@ import itertools
 import os
 import random
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from metalguard.agent.cache.stats import read_stats
 from metalguard.agent.cache.store import CacheStore
 from metalguard.proto.telemetry import DatasetCache
 from tests.clock import ManualClock
+from tests.waiting import wait_until_blocking
 
 DEADLINE_S = 10.0
 
@@ -61,11 +61,7 @@ def new_store(
 
 
 def wait_for(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+    wait_until_blocking(predicate, DEADLINE_S, what, poll_s=0.01)
 
 
 def test_reads_equal_the_source_whole_and_in_ranges(src, tmp_path):
