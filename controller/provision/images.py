@@ -116,6 +116,16 @@ def remove_tmp_files(directory: Path) -> list[str]:
     return removed
 
 
+def directory_allowed(directory: str | os.PathLike[str], roots: Iterable[str]) -> bool:
+    """Whether ``directory`` (symlinks resolved) lies below one of ``roots``; any
+    directory when ``roots`` is empty (``[provision] image_source_dirs``)."""
+    wanted = [os.path.realpath(r) for r in roots]
+    if not wanted:
+        return True
+    real = os.path.realpath(directory)
+    return any(real == root or real.startswith(root.rstrip("/") + "/") for root in wanted)
+
+
 def remove_leftovers(directory: Path, what: str) -> list[str]:
     """Remove what an interrupted add or delete left in ``directory`` (a registry of
     ``<name>.qcow2`` files, each committed by its ``<name>.json`` record): work files, a

@@ -72,6 +72,7 @@ from nats.js import JetStreamContext
 from metalguard.controller.provision import machine, spec
 from metalguard.controller.provision.announce import Announcer
 from metalguard.controller.provision.errors import ProvisionError, storage_error
+from metalguard.controller.provision.images import directory_allowed
 from metalguard.controller.provision.power import BmcPower, PowerDriver, PowerError
 from metalguard.controller.provision.resources import Resources
 from metalguard.controller.provision.settings import ProvisionSettings
@@ -654,7 +655,7 @@ class ProvisionService:
         """Build a base image from a directory on the storage host (ext4, then qcow2);
         403 when ``[provision] image_source_dirs`` is set and it lies below none of them."""
         self._check_leading()
-        if not spec.directory_allowed(directory, self.settings.image_source_dirs):
+        if not directory_allowed(directory, self.settings.image_source_dirs):
             raise ProvisionError(
                 403,
                 f"directory {os.fspath(directory)!r} is not below [provision] "

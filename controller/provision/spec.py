@@ -11,7 +11,6 @@ problem at once (unknown keys, types, patterns, then the semantic checks) and ra
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from typing import Any, Final
@@ -177,13 +176,3 @@ def node_problems(nodes: Iterable[tuple[str, str]]) -> list[str]:
             reasons.append(f"nodes[{i}].mac: {norm} is also {seen_macs[norm]}'s")
         seen_macs.setdefault(norm, node)
     return reasons
-
-
-def directory_allowed(directory: str | os.PathLike[str], roots: Iterable[str]) -> bool:
-    """Whether ``directory`` (symlinks resolved) lies below one of ``roots``; any
-    directory when ``roots`` is empty (``[provision] image_source_dirs``)."""
-    wanted = [os.path.realpath(r) for r in roots]
-    if not wanted:
-        return True
-    real = os.path.realpath(directory)
-    return any(real == root or real.startswith(root.rstrip("/") + "/") for root in wanted)

@@ -4,10 +4,12 @@ the NBD export plan and gate decisions (controller/provision/qemuimg.py, nbdplan
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from metalguard.controller.provision import nbdplan, qemuimg
+from metalguard.controller.provision.images import directory_allowed
 from metalguard.controller.provision.nbdplan import DaemonExport
 
 QCOW2_INFO = {
@@ -252,3 +254,18 @@ def test_gate_decisions() -> None:
     assert not nbdplan.starts_transmission(nbdplan.NBD_OPT_GO, nbdplan.NBD_REP_ERR_POLICY)
     assert nbdplan.starts_transmission(nbdplan.NBD_OPT_EXPORT_NAME, 0)
     assert not nbdplan.starts_transmission(6, nbdplan.NBD_REP_ACK)  # NBD_OPT_INFO
+
+
+def test_image_source_dirs_bound_where_images_are_built_from(tmp_path: Path) -> None:
+    inside = tmp_path / "images" / "base"
+    inside.mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    escape = tmp_path / "images" / "escape"
+    escape.symlink_to(tmp_path / "elsewhere")
+    roots = [str(tmp_path / "images")]
+    assert directory_allowed(inside, roots)
+    assert directory_allowed(tmp_path / "images", roots)
+    assert not directory_allowed(tmp_path / "elsewhere", roots)
+    assert not directory_allowed(escape, roots)  # a symlink out is refused
+    assert not directory_allowed(tmp_path / "images-2", roots)  # a prefix is not below
+    assert directory_allowed(tmp_path / "elsewhere", [])  # unset: anywhere
