@@ -152,20 +152,43 @@ def observe_member(
     digest: str = "",
 ) -> JobStatus:
     """A member's report (progress, exit) for ``generation``; stale ones are ignored."""
+    return observe_members(
+        status,
+        generation,
+        now,
+        steps=None if step is None else {node: step},
+        exit_codes=None if exit_code is None else {node: exit_code},
+        digests={node: digest} if digest else None,
+    )
+
+
+def observe_members(
+    status: JobStatus,
+    generation: int,
+    now: float,
+    *,
+    steps: Mapping[str, int] | None = None,
+    exit_codes: Mapping[str, int] | None = None,
+    digests: Mapping[str, str] | None = None,
+) -> JobStatus:
+    """Many members' reports (by node) for ``generation`` in one pass, each taken as
+    :func:`observe_member` takes it: a gang's progress costs O(members), not O(members²)."""
     if generation != status.generation or status.state in TERMINAL_JOB_STATES:
         return status
-    members = list(status.members)
-    for i, m in enumerate(members):
-        if m.node != node:
-            continue
+    steps, exit_codes, digests = steps or {}, exit_codes or {}, digests or {}
+    members = []
+    for m in status.members:
         new = m
+        step = steps.get(m.node)
         if step is not None and step > m.step:
             new = replace(new, step=step, progress_ts=now)
+        exit_code = exit_codes.get(m.node)
         if exit_code is not None and m.exit_code is None:
             new = replace(new, exit_code=exit_code)
+        digest = digests.get(m.node, "")
         if digest and not m.digest:
             new = replace(new, digest=digest)
-        members[i] = new
+        members.append(new)
     return msgspec.structs.replace(status, members=tuple(members))
 
 
@@ -350,15 +373,11 @@ def _begin(
 def _advance_move(status: JobStatus, move: JobMove, world: World) -> Step:
     now, t = world.now, world.timings
     if move.phase == "checkpointing":
-        sends = tuple(
-            Send(m.node, "checkpoint", f"{move.move_id}.ckpt.r{m.rank}", _job_args(status, m))
-            for m in status.members
-            if world.grades.get(m.node) not in DEAD_GRADES
-        )
-        got = [world.replies[s.command_id] for s in sends if s.command_id in world.replies]
+        asked = _live_ids(status, world, f"{move.move_id}.ckpt")
+        got = [world.replies[cid] for _, cid in asked if cid in world.replies]
         fresh = _newest(got, now)
-        if len(got) < len(sends) and now - move.phase_ts < t.checkpoint_deadline_s:
-            return Step(status, sends=tuple(s for s in sends if s.command_id not in world.replies))
+        if len(got) < len(asked) and now - move.phase_ts < t.checkpoint_deadline_s:
+            return Step(status, sends=_unanswered(status, world, "checkpoint", asked))
         chosen = fresh or status.last_checkpoint
         move = replace(
             move, phase="stopping", phase_ts=now, checkpoint=chosen, fresh=fresh is not None
@@ -378,12 +397,8 @@ def _advance_move(status: JobStatus, move: JobMove, world: World) -> Step:
         step = _advance_move(status, move, world)
         return Step(step.status, step.sends, (*emits, *step.emits))
     if move.phase == "stopping":
-        sends = tuple(
-            Send(m.node, "stop", f"{move.move_id}.stop.r{m.rank}", _job_args(status, m))
-            for m in status.members
-            if world.grades.get(m.node) not in DEAD_GRADES
-        )
-        waiting = tuple(s for s in sends if s.command_id not in world.replies)
+        asked = _live_ids(status, world, f"{move.move_id}.stop")
+        waiting = _unanswered(status, world, "stop", asked)
         if waiting and now - move.phase_ts < t.stop_deadline_s:
             return Step(status, sends=waiting)
         nodes = ",".join(m.node for m in status.members)
@@ -395,6 +410,27 @@ def _advance_move(status: JobStatus, move: JobMove, world: World) -> Step:
     if status.cancel_requested:  # placing: nothing runs any more, nothing to stop
         return _end(status, "cancelled", now, "cancelled by request while waiting to be placed")
     return Step(status)  # placing: the queue pass
+
+
+def _live_ids(status: JobStatus, world: World, prefix: str) -> list[tuple[MemberState, str]]:
+    """The members a command of a move goes to (not on a dead node), with its id."""
+    return [
+        (m, f"{prefix}.r{m.rank}")
+        for m in status.members
+        if world.grades.get(m.node) not in DEAD_GRADES
+    ]
+
+
+def _unanswered(
+    status: JobStatus, world: World, verb: str, asked: list[tuple[MemberState, str]]
+) -> tuple[Send, ...]:
+    """The commands of ``asked`` with no reply yet (built only for those: a big gang's
+    answered members cost no Send each time the job is advanced)."""
+    return tuple(
+        Send(m.node, verb, cid, _job_args(status, m))
+        for m, cid in asked
+        if cid not in world.replies
+    )
 
 
 def _after_stop(status: JobStatus, move: JobMove, world: World) -> Step:
@@ -448,13 +484,13 @@ def _start(status: JobStatus, move: JobMove, nodes: tuple[str, ...], now: float)
 
 def _starting(status: JobStatus, move: JobMove, world: World) -> Step:
     now = world.now
-    sends = _start_sends(status, world)
-    waiting = tuple(s for s in sends if s.command_id not in world.replies)
+    ids = _start_ids(status)
+    waiting = [(node, cid) for node, cid in ids if cid not in world.replies]
     grades = {m.node: world.grades.get(m.node, "UNREACHABLE") for m in status.members}
     bad = tuple(sorted(n for n, g in grades.items() if g in EVACUATE))
     late = now - max(move.phase_ts, move.not_before_ts) >= world.timings.start_deadline_s
     if bad or (waiting and late):  # a node went bad or never answered: move again
-        exclude = bad or tuple(sorted({s.node for s in waiting}))
+        exclude = bad or tuple(sorted({node for node, _ in waiting}))
         cause = EVACUATE[grades[bad[0]]] if bad else "lost"
         spent = status.downtime_s + max(0.0, now - move.started_ts)
         status = msgspec.structs.replace(status, move=None, downtime_s=spent)
@@ -465,8 +501,9 @@ def _starting(status: JobStatus, move: JobMove, world: World) -> Step:
             return _end(status, "cancelled", now, "cancelled by request while backing off")
         return Step(status)
     if waiting:
-        return Step(status, sends=waiting)
-    refused = [(s.node, world.replies[s.command_id]) for s in sends]
+        answered = {cid for _, cid in ids} - {cid for _, cid in waiting}
+        return Step(status, sends=_start_sends(status, world, skip=answered))
+    refused = [(node, world.replies[cid]) for node, cid in ids]
     refused = [(node, r) for node, r in refused if not r.ok]
     status = msgspec.structs.replace(status, move=None)
     if refused:
@@ -523,8 +560,22 @@ def _refused(status: JobStatus, refused: list[tuple[str, CommandReply]], world: 
     return _restart(status, "crash", world, why, "job.crashed", attrs, backoff=True)
 
 
-def _start_sends(status: JobStatus, world: World) -> tuple[Send, ...]:
-    """The start commands of the current generation (idempotent: resent until answered)."""
+def _start_id(status: JobStatus, m: MemberState) -> str:
+    return f"{status.job_id}.g{status.generation}.start.r{m.rank}"
+
+
+def _start_ids(status: JobStatus) -> list[tuple[str, str]]:
+    """(node, command id) of each start command of the current generation."""
+    if status.move is None:
+        return []
+    return [(m.node, _start_id(status, m)) for m in status.members]
+
+
+def _start_sends(
+    status: JobStatus, world: World, skip: frozenset[str] | set[str] = frozenset()
+) -> tuple[Send, ...]:
+    """The start commands of the current generation (idempotent: resent until answered),
+    but those whose command id is in ``skip`` (answered already)."""
     job = status.job
     assert job is not None
     move = status.move
@@ -538,24 +589,29 @@ def _start_sends(status: JobStatus, world: World) -> tuple[Send, ...]:
     master = world.master_addr or (
         status.placement[0].rsplit(".", 1)[-1] if status.placement else ""
     )
+    argv, env = list(job.args), [f"{k}={v}" for k, v in sorted(job.env.items())]
+    shared: dict[str, AttrValue | list[str]] = {
+        "world_size": len(status.members),
+        "master_addr": master,
+        "master_port": port,
+        "command": job.command,
+        "args": argv,
+        "env": env,
+        "checkpoint_dir": job.checkpoint_dir,
+        "checkpoint_every": job.checkpoint_every,
+    }
+    if job.dataset:  # MG_DATASET / MG_DATASET_DIR on the node (docs/workloads.md)
+        shared["dataset"] = job.dataset
+    shared["resume_from"] = ckpt.path if ckpt is not None else ""
+    shared["resume_step"] = ckpt.step if ckpt is not None else 0
     sends = []
     for m in status.members:
+        command_id = _start_id(status, m)
+        if command_id in skip:
+            continue
         args = _job_args(status, m)
-        args |= {
-            "world_size": len(status.members),
-            "master_addr": master,
-            "master_port": port,
-            "command": job.command,
-            "args": list(job.args),
-            "env": [f"{k}={v}" for k, v in sorted(job.env.items())],
-            "checkpoint_dir": job.checkpoint_dir,
-            "checkpoint_every": job.checkpoint_every,
-        }
-        if job.dataset:  # MG_DATASET / MG_DATASET_DIR on the node (docs/workloads.md)
-            args["dataset"] = job.dataset
-        args["resume_from"] = ckpt.path if ckpt is not None else ""
-        args["resume_step"] = ckpt.step if ckpt is not None else 0
-        command_id = f"{status.job_id}.g{status.generation}.start.r{m.rank}"
+        args.update(shared)
+        args["args"], args["env"] = list(argv), list(env)  # each send its own lists
         sends.append(Send(m.node, "start", command_id, args))
     return tuple(sends)
 

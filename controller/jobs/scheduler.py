@@ -28,6 +28,19 @@ Rules (docs/scheduler.md):
 For speed (a 1,024-node gang on 100,000 nodes) ``FleetIndex`` groups the schedulable
 nodes by leaf and, inside a leaf, by their free-capacity shape; a placement walks
 leaves and shapes, not nodes, and only the chosen group's nodes are listed.
+
+Kept indexes (the fleet twin, docs/scheduler.md): instead of building an index per pass,
+a caller may keep one and change it as the fleet changes: ``commit`` / ``release`` when
+a job starts or stops, ``update_node`` when a node's grade, cordon or warm datasets
+change; ``schedule_on(index, queue, running, empty=...)`` is ``schedule_queue`` on it
+(``schedule_queue`` is that on a fresh index): the pass's placements stay committed, its
+preemptions' promised nodes are released again.  The index answers exactly as one built
+from scratch; it only skips work it can prove useless: a request for more nodes than
+fit a member anywhere (per-region counts of node shapes), one that failed before with
+nothing released since (commits only take capacity away), leaves without a fitting
+shape (a shape -> leaves map), and the preemption planner's trials move from one victim
+set to the next by the difference, skip victim sets that could not free enough nodes and
+search prefixes by doubling from that bound.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 from metalguard.proto.jobs import Job
 from metalguard.proto.topology import NodeTopology
@@ -199,6 +212,92 @@ def request_from_job(job: Job, exclude: Iterable[str] = ()) -> JobRequest:
 
 Shape = tuple[str, int, int, int, int, bool]
 """(gpu_type, bandwidth_tier, free gpus, free cpu, free memory, idle)."""
+_K = TypeVar("_K")
+
+Kind = tuple[str, int, int, int, int, str, bool, frozenset[str]]
+"""What a request's fit depends on besides its size, spread and exclusions: (gpu_type,
+bandwidth tier, gpus, cpu, memory, tenant, sensitive, allowed regions)."""
+_ALL_REGIONS: frozenset[str] = frozenset()
+
+
+def _kind(req: JobRequest, tenants: bool = True) -> Kind:
+    """The request's :data:`Kind`; without ``tenants`` (an index that holds no job: no
+    leaf has a tenant to mind) the tenant and the sensitive flag play no part."""
+    regions = frozenset(req.allowed_regions) if req.allowed_regions else _ALL_REGIONS
+    return (
+        req.gpu_type,
+        req.bandwidth_tier,
+        req.gpus_per_node,
+        req.cpu,
+        req.memory_gb,
+        req.tenant if tenants else "",
+        req.sensitive and tenants,
+        regions,
+    )
+
+
+Pools = list[tuple["_Leaf", int, list[tuple[Shape, list[str]]]]]
+"""What ``FleetIndex.eligible`` returns: per leaf, its eligible count and pools."""
+
+
+@dataclass(slots=True)
+class _Found:
+    """One walk's eligible pools, and (lazily) their counts per group of a level and the
+    pools inside a group: every size and spread of the same kind placed from them while
+    the index does not change."""
+
+    pools: Pools
+    counts: dict[int, dict[tuple[str, ...], int]] = field(default_factory=dict)
+    inside: dict[tuple[int, tuple[str, ...]], list[list[tuple[Shape, list[str]]]]] = field(
+        default_factory=dict
+    )
+
+    def fitting(self, depth: int, nodes: int) -> list[tuple[int, tuple[str, ...]]]:
+        """The groups of ``LEVELS[depth]`` with at least ``nodes`` eligible nodes, as
+        (count, key)."""
+        counts = self.counts.get(depth)
+        if counts is None:
+            counts = self.counts[depth] = defaultdict(int)
+            for leaf, count, _ in self.pools:
+                counts[leaf.groups[depth]] += count
+        return [(n, g) for g, n in counts.items() if n >= nodes]
+
+    def pools_in(self, depth: int, group: tuple[str, ...]) -> list[list[tuple[Shape, list[str]]]]:
+        """The pools of the eligible leaves of one group, in leaf order."""
+        key = (depth, group)
+        inside = self.inside.get(key)
+        if inside is None:
+            inside = self.inside[key] = [
+                p for leaf, _, p in self.pools if leaf.groups[depth] == group
+            ]
+        return inside
+
+
+@dataclass(slots=True)
+class _Memo:
+    """What an index remembers between changes (docs/scheduler.md "Kept indexes").
+
+    ``failed``: per request kind, the (exclude, nodes, widest level) of placements that
+    found nothing; still true after commits (they only take capacity away, and more
+    tenants on a leaf only forbid more), forgotten when anything is released or a node
+    comes back.  ``placed`` (exact answers) and ``found`` (the eligible pools of a kind:
+    an unchanged index, such as the empty one of a pass, places every size and spread of
+    it from one walk) are forgotten at any change.  ``epoch`` names the state ``failed``
+    holds for (a pass's own memo compares it)."""
+
+    epoch: int = 0
+    failed: dict[Kind, list[tuple[frozenset[str], int, int]]] = field(default_factory=dict)
+    placed: dict[tuple[object, ...], Placement | None] = field(default_factory=dict)
+    found: dict[tuple[Kind, frozenset[str]], _Found] = field(default_factory=dict)
+    """Per (kind, exclude), the eligible pools and what was counted from them."""
+
+    def failed_before(self, kind: Kind, exclude: frozenset[str], nodes: int, widest: int) -> bool:
+        """A request of ``kind`` that needed no more nodes, no wider level and excluded
+        no more nodes found nothing (so this one finds nothing either)."""
+        for seen, size, wide in self.failed.get(kind, ()):
+            if size <= nodes and wide >= widest and (seen is exclude or seen <= exclude):
+                return True
+        return False
 
 
 @dataclass(slots=True)
@@ -208,12 +307,14 @@ class _Leaf:
     """A representative node (for the group keys)."""
     groups: tuple[tuple[str, ...], ...] = ()
     """The keys of its rack, cluster, zone and region (``LEVELS`` order)."""
+    pos: int = 0
+    """Its place in the index's leaf order."""
     shapes: dict[Shape, list[str]] = field(default_factory=dict)
     tenants: Counter[str] = field(default_factory=Counter)
     sensitive: Counter[str] = field(default_factory=Counter)
 
 
-def _count(counter: Counter[str], key: str, sign: int) -> None:
+def _count(counter: Counter[_K], key: _K, sign: int) -> None:
     """Add ``sign`` to ``counter[key]``; a key at zero is removed (so ``len`` counts the
     tenants present)."""
     counter[key] += sign
@@ -242,8 +343,11 @@ def _leaf_allows(leaf: _Leaf, req: JobRequest) -> bool:
 class FleetIndex:
     """Free capacity of the schedulable nodes, grouped by leaf and shape.
 
-    Built once per pass (O(nodes)); ``place`` reads it, ``commit`` applies a placement
-    so that the next job of the pass sees the capacity it took.
+    Built once per pass (O(nodes)), or kept across passes and changed in place
+    (``commit`` / ``release`` / ``update_node``, each O(the nodes touched)); ``place``
+    reads it, ``commit`` applies a placement so that the next job of the pass sees the
+    capacity it took.  What it remembers between changes (``_Memo``) never changes an
+    answer.
     """
 
     def __init__(self, nodes: Iterable[FleetNode], running: Iterable[RunningJob] = ()) -> None:
@@ -260,6 +364,8 @@ class FleetIndex:
                 leaf = self._leaves[key] = _Leaf(key, node, groups)
             self._leaf_of[handle] = leaf
         self._leaf_list = list(self._leaves.values())
+        for pos, leaf in enumerate(self._leaf_list):
+            leaf.pos = pos
         self._warm: dict[str, set[str]] = {}
         """dataset -> the schedulable nodes where it is warm."""
         self._groups: list[dict[tuple[str, ...], list[_Leaf]]] = [{} for _ in LEVELS]
@@ -268,6 +374,10 @@ class FleetIndex:
                 self._groups[depth].setdefault(key, []).append(leaf)
         for job in running:
             self._take(job.request, job.placement)
+        self._free: dict[str, dict[Shape, int]] = {}
+        """region -> how many schedulable nodes have each shape (the early exit)."""
+        self._where: dict[Shape, set[int]] = {}
+        """shape -> the leaves (``pos``) with a schedulable node of that shape."""
         for _, handle, node in keyed:  # sorted, so every pool is in handle order
             if node.schedulable:
                 self._leaf_of[handle].shapes.setdefault(self._shape(node), []).append(handle)
@@ -275,9 +385,17 @@ class FleetIndex:
                     self._warm.setdefault(name, set()).add(handle)
         self._sizes: list[dict[tuple[str, ...], int]] = [defaultdict(int) for _ in LEVELS]
         for leaf in self._leaf_list:
-            size = sum(len(handles) for handles in leaf.shapes.values())
+            size = 0
+            if leaf.shapes:
+                free = self._free.setdefault(leaf.node.region, {})
+                for shape, handles in leaf.shapes.items():
+                    size += len(handles)
+                    self._where.setdefault(shape, set()).add(leaf.pos)
+                    free[shape] = free.get(shape, 0) + len(handles)
             for depth, key in enumerate(leaf.groups):
                 self._sizes[depth][key] += size
+        self._memo = _Memo()
+        self._epochs = itertools.count(1)
 
     def _shape(self, node: FleetNode) -> Shape:
         used = self._used.get(node.handle)
@@ -320,22 +438,152 @@ class FleetIndex:
 
     def _change(self, req: JobRequest, placement: Sequence[str], sign: int) -> None:
         """Apply (``sign`` 1) or undo (-1) a job's hold, moving nodes between pools."""
+        nodes, used_of, leaf_of = self.nodes, self._used, self._leaf_of
+        gpus, cpu, memory = sign * req.gpus_per_node, sign * req.cpu, sign * req.memory_gb
+        whole, tenant, sensitive = sign * req.exclusive, req.tenant, req.sensitive
         for handle in placement:
-            node = self.nodes.get(handle)
-            if node is None or not node.schedulable:
+            node = nodes.get(handle)
+            if node is None:
                 continue
-            shapes = self._leaf_of[handle].shapes
-            old = self._shape(node)
-            shapes[old].remove(handle)
-            if not shapes[old]:
-                del shapes[old]
-        self._take(req, placement, sign)
-        for handle in placement:
-            node = self.nodes.get(handle)
-            if node is not None and node.schedulable:
-                bisect.insort(
-                    self._leaf_of[handle].shapes.setdefault(self._shape(node), []), handle
-                )
+            leaf = leaf_of[handle]
+            pooled = node.schedulable
+            old = self._shape(node) if pooled else None
+            used = used_of.get(handle)
+            if used is None:
+                used = used_of[handle] = [0, 0, 0, 0, 0]
+            used[0] += gpus
+            used[1] += cpu
+            used[2] += memory
+            used[3] += sign
+            used[4] += whole
+            if used[3] <= 0:
+                del used_of[handle]
+            tenants = leaf.tenants  # _count, inlined: this is the hot path
+            tenants[tenant] += sign
+            if tenants[tenant] <= 0:
+                del tenants[tenant]
+            if sensitive:
+                _count(leaf.sensitive, tenant, sign)
+            if old is not None:
+                new = self._shape(node)
+                if new != old:
+                    self._move(leaf, node.region, old, new, handle)
+        self._changed(grown=sign < 0)
+
+    def _move(self, leaf: _Leaf, region: str, old: Shape, new: Shape, handle: str) -> None:
+        """:meth:`_leave` ``old`` then :meth:`_enter` ``new``, in one call."""
+        shapes, where = leaf.shapes, self._where
+        gone = shapes[old]
+        gone.remove(handle)
+        if not gone:
+            del shapes[old]
+            emptied = where[old]
+            emptied.discard(leaf.pos)
+            if not emptied:
+                del where[old]
+        pool = shapes.get(new)
+        if pool is None:
+            shapes[new] = [handle]
+            leaves = where.get(new)
+            if leaves is None:
+                leaves = where[new] = set()
+            leaves.add(leaf.pos)
+        else:
+            bisect.insort(pool, handle)
+        free = self._free[region]
+        left = free[old] - 1
+        if left:
+            free[old] = left
+        else:
+            del free[old]
+        free[new] = free.get(new, 0) + 1
+
+    def _enter(self, leaf: _Leaf, region: str, shape: Shape, handle: str) -> None:
+        """Put a schedulable node into the pool of ``shape`` (kept in handle order) and the
+        counters."""
+        pool = leaf.shapes.get(shape)
+        if pool is None:
+            leaf.shapes[shape] = [handle]
+            where = self._where.get(shape)
+            if where is None:
+                where = self._where[shape] = set()
+            where.add(leaf.pos)
+        else:
+            bisect.insort(pool, handle)
+        counts = self._free.get(region)
+        if counts is None:
+            counts = self._free[region] = {}
+        counts[shape] = counts.get(shape, 0) + 1
+
+    def _leave(self, leaf: _Leaf, region: str, shape: Shape, handle: str) -> None:
+        """Undo :meth:`_enter`."""
+        pool = leaf.shapes[shape]
+        pool.remove(handle)
+        if not pool:
+            del leaf.shapes[shape]
+            where = self._where[shape]
+            where.discard(leaf.pos)
+            if not where:
+                del self._where[shape]
+        free = self._free[region]
+        left = free[shape] - 1
+        if left:
+            free[shape] = left
+        else:
+            del free[shape]
+
+    def _changed(self, grown: bool) -> None:
+        """Forget the memoised placements; with ``grown`` (capacity may have come free)
+        the remembered failures too, and start a new epoch."""
+        if grown:
+            self._memo = _Memo(epoch=next(self._epochs))
+            return
+        if self._memo.placed:
+            self._memo.placed = {}
+        if self._memo.found:
+            self._memo.found = {}
+
+    def update_node(self, node: FleetNode) -> None:
+        """Replace one node's record (grade, cordon, warm datasets; its handle and leaf stay
+        the same) in place: into or out of its leaf's pools, the group sizes and the warm
+        sets follow.  O(the node's leaf).  The jobs committed on it stay counted."""
+        old = self.nodes.get(node.handle)
+        if old is None:
+            raise ValueError(f"update_node: {node.handle!r} is not in the index")
+        if old.leaf_key != node.leaf_key:
+            raise ValueError(
+                f"update_node: {node.handle!r} moves from leaf {old.leaf_key} to {node.leaf_key}"
+            )
+        leaf = self._leaf_of[node.handle]
+        if old.schedulable:
+            self._unpool(leaf, old)
+        self.nodes[node.handle] = node
+        if leaf.node.handle == node.handle:
+            leaf.node = node
+        if node.schedulable:
+            self._pool(leaf, node)
+        # a node that goes out, or stays with its capacity, frees nothing for anyone
+        same = old.schedulable and self._shape(old) == self._shape(node)
+        self._changed(grown=node.schedulable and not same)
+
+    def _unpool(self, leaf: _Leaf, node: FleetNode) -> None:
+        """Take a schedulable node out of its pool, its groups' sizes and the warm sets."""
+        self._leave(leaf, node.region, self._shape(node), node.handle)
+        for name in node.warm_datasets:
+            warm = self._warm[name]
+            warm.discard(node.handle)
+            if not warm:
+                del self._warm[name]
+        for depth, key in enumerate(leaf.groups):
+            self._sizes[depth][key] -= 1
+
+    def _pool(self, leaf: _Leaf, node: FleetNode) -> None:
+        """Undo :meth:`_unpool` (with the node's new record)."""
+        self._enter(leaf, node.region, self._shape(node), node.handle)
+        for name in node.warm_datasets:
+            self._warm.setdefault(name, set()).add(node.handle)
+        for depth, key in enumerate(leaf.groups):
+            self._sizes[depth][key] += 1
 
     def commit(self, req: JobRequest, placement: Sequence[str]) -> None:
         """Record that ``req`` now holds ``placement`` (updates the pools)."""
@@ -344,6 +592,11 @@ class FleetIndex:
     def release(self, req: JobRequest, placement: Sequence[str]) -> None:
         """Undo :meth:`commit` (or a running job given at build time): ``req`` is gone."""
         self._change(req, placement, -1)
+
+    def forget(self) -> None:
+        """Drop what the index remembers (failed and answered requests): the next
+        ``place`` walks the leaves again.  Results never depend on it (for benchmarks)."""
+        self._memo = _Memo(epoch=next(self._epochs))
 
     def free(self, handle: str) -> tuple[int, int, int]:
         """Free (gpus, cpu cores, memory GB) of a node, as the index sees it."""
@@ -363,16 +616,22 @@ class FleetIndex:
         self, req: JobRequest, within: tuple[int, tuple[str, ...]] | None = None
     ) -> list[tuple[_Leaf, int, list[tuple[Shape, list[str]]]]]:
         """Per leaf (in order), how many nodes one member of ``req`` could go on, and
-        their pools; ``within``: only the leaves of that (depth, group key)."""
+        their pools; ``within``: only the leaves of that (depth, group key).
+
+        When few leaves hold a node of a fitting shape (a full fleet), only those are
+        visited, in the same order."""
         regions = set(req.allowed_regions)
         exclude = req.exclude
         fit_cache: dict[Shape, bool] = {}
         out: list[tuple[_Leaf, int, list[tuple[Shape, list[str]]]]] = []
         leaves = self._leaf_list if within is None else self._groups[within[0]].get(within[1], [])
+        if within is None:
+            fit_cache = {shape: _fits(shape, req) for shape in self._where}
+            hits = [self._where[shape] for shape, ok in fit_cache.items() if ok]
+            if sum(map(len, hits)) * 2 < len(leaves):
+                leaves = [self._leaf_list[pos] for pos in sorted(set().union(*hits))]
         for leaf in leaves:
             if not leaf.shapes or (regions and leaf.node.region not in regions):
-                continue
-            if (leaf.tenants or leaf.sensitive) and not _leaf_allows(leaf, req):
                 continue
             pools = []
             count = 0
@@ -386,33 +645,112 @@ class FleetIndex:
                     if handles:
                         pools.append((shape, handles))
                         count += len(handles)
-            if count:
+            # the tenant rule last: on a full fleet most leaves have no fitting node
+            if count and (not (leaf.tenants or leaf.sensitive) or _leaf_allows(leaf, req)):
                 out.append((leaf, count, pools))
+        return out
+
+    def could_fit(self, req: JobRequest, extra: int = 0) -> bool:
+        """An upper bound, O(regions x shapes): False when no allowed region has
+        ``req.nodes`` schedulable nodes whose free capacity takes one member, counting
+        ``extra`` more (the nodes of jobs about to be released).  True says nothing."""
+        need = req.nodes - extra
+        if need <= 0:
+            return True
+        for region, shapes in self._free.items():
+            if req.allowed_regions and region not in req.allowed_regions:
+                continue
+            have = 0
+            for shape, count in shapes.items():
+                if _fits(shape, req):
+                    have += count
+                    if have >= need:
+                        return True
+        return False
+
+    def fit_count(self, req: JobRequest) -> int:
+        """The most schedulable nodes one allowed region has whose free capacity takes one
+        member of ``req`` (tenants and exclusions aside): an upper bound on where it can
+        go, O(regions x shapes)."""
+        best = 0
+        for region, shapes in self._free.items():
+            if req.allowed_regions and region not in req.allowed_regions:
+                continue
+            best = max(best, sum(count for shape, count in shapes.items() if _fits(shape, req)))
+        return best
+
+    def fit_by_group(self, req: JobRequest) -> list[dict[tuple[str, ...], int]]:
+        """Per ``LEVELS`` depth, how many schedulable nodes of each group (in the allowed
+        regions) have a free capacity that takes one member of ``req``, tenants and
+        exclusions aside: an upper bound on its eligible nodes there."""
+        out: list[dict[tuple[str, ...], int]] = [defaultdict(int) for _ in LEVELS]
+        fits = {shape for shape in self._where if _fits(shape, req)}
+        for pos in sorted(set().union(*(self._where[shape] for shape in fits))):
+            leaf = self._leaf_list[pos]
+            if req.allowed_regions and leaf.node.region not in req.allowed_regions:
+                continue
+            count = sum(len(handles) for shape, handles in leaf.shapes.items() if shape in fits)
+            for depth, key in enumerate(leaf.groups):
+                out[depth][key] += count
         return out
 
     def place(
         self, req: JobRequest, within: tuple[int, tuple[str, ...]] | None = None
     ) -> Placement | None:
         """The tightest, best-fitting placement of the whole gang, or None; ``within``:
-        only inside that (depth, group key)."""
+        only inside that (depth, group key).
+
+        Exact early exits (they never change a result): too few fitting nodes in any
+        region (:meth:`could_fit`) or in the ``within`` group; a request that already
+        failed with no more nodes, no wider spread and no fewer excluded nodes while
+        nothing was released since (commits only take capacity away); and, until the next
+        change of the index, the same request asked again.
+        """
         if req.nodes < 1:
             return None
-        pools = self.eligible(req, within)
+        if within is not None:
+            if self._sizes[within[0]].get(within[1], 0) < req.nodes:
+                return None
+            return self._place(req, within)
+        memo = self._memo
+        kind = _kind(req)
+        exact = (_kind(req, bool(self._used)), req.nodes, req.max_spread, req.exclude, req.dataset)
+        if exact in memo.placed:
+            hit = memo.placed[exact]
+            return None if hit is None else replace(hit, job_id=req.job_id)
+        widest = LEVELS.index(req.max_spread)
+        if memo.failed_before(kind, req.exclude, req.nodes, widest) or not self.could_fit(req):
+            placed = None
+        else:
+            placed = self._place(req, None)
+            if placed is None:
+                memo.failed.setdefault(kind, []).append((req.exclude, req.nodes, widest))
+        memo.placed[exact] = placed
+        return placed
+
+    def _place(
+        self, req: JobRequest, within: tuple[int, tuple[str, ...]] | None
+    ) -> Placement | None:
+        """:meth:`place` without its early exits: the walk over the leaves."""
+        if within is None:
+            key = (_kind(req, tenants=bool(self._used)), req.exclude)
+            found = self._memo.found.get(key)
+            if found is None:
+                found = self._memo.found[key] = _Found(self.eligible(req))
+        else:
+            found = _Found(self.eligible(req, within))
         widest = LEVELS.index(req.max_spread)
         if within is not None:
             widest = min(widest, within[0])
         for depth, level in enumerate(LEVELS[: widest + 1]):
-            counts: dict[tuple[str, ...], int] = defaultdict(int)
-            for leaf, count, _ in pools:
-                counts[leaf.groups[depth]] += count
-            fitting = [(n, g) for g, n in counts.items() if n >= req.nodes]
+            fitting = found.fitting(depth, req.nodes)
             if not fitting:
                 continue
             fewest, group = min(fitting)
             warm: set[str] = set()
             if req.dataset and req.dataset in self._warm:
-                group, warm = self._warmest(req, pools, depth, fitting, fewest)
-            inside = [p for leaf, _, p in pools if leaf.groups[depth] == group]
+                group, warm = self._warmest(req, found.pools, depth, fitting, fewest)
+            inside = found.pools_in(depth, group)
             return Placement(req.job_id, _best_fit(req, inside, warm), level, group)
         return None
 
@@ -511,64 +849,180 @@ def _plan_on(
     """``plan_preemption`` on an index that holds ``running`` (left as it was)."""
     candidates = sorted(
         (j for j in running if j.request.preemptible and j.request.priority < req.priority),
-        key=lambda j: (j.request.priority, len(j.placement), j.request.job_id),
+        key=_victim_order,
     )
-    if not candidates or _place_without(index, req, candidates) is None:
-        return None
-    budget = min(budget, max(1, PREEMPTION_SEARCH_WORK // max(1, len(index.nodes))))
-    tried = 0
-    for k in range(1, len(candidates) + 1):
-        best: tuple[tuple[int, int], tuple[RunningJob, ...], Placement] | None = None
-        for combo in itertools.combinations(candidates, k):
-            tried += 1
-            if tried > budget:
-                return _greedy_preemption(index, req, candidates)
-            placed = _place_without(index, req, combo)
-            if placed is None:
-                continue
-            cost = (sum(j.request.priority for j in combo), sum(len(j.placement) for j in combo))
-            if best is None or cost < best[0]:
-                best = (cost, combo, placed)
-        if best is not None:
-            return Preemption(req.job_id, tuple(j.request.job_id for j in best[1]), best[2])
-    return None  # pragma: no cover - the full set fits (checked above)
+    return _plan_among(index, req, candidates, budget)
 
 
-def _place_without(
+def _victim_order(job: RunningJob) -> tuple[int, int, str]:
+    """Candidates are tried lowest priority first, then the smallest, then by id."""
+    return (job.request.priority, len(job.placement), job.request.job_id)
+
+
+def _plan_among(
     index: FleetIndex,
     req: JobRequest,
-    gone: Sequence[RunningJob],
-    within: tuple[int, tuple[str, ...]] | None = None,
-) -> Placement | None:
-    """Where ``req`` would go if ``gone`` stopped (the index is left as it was)."""
-    for job in gone:
-        index.release(job.request, job.placement)
+    candidates: Sequence[RunningJob],
+    budget: int,
+    groups: dict[int, JobGroups] | None = None,
+) -> Preemption | None:
+    """:func:`_plan_on` given its candidates (in :func:`_victim_order`); ``groups``: a
+    cache of :func:`_groups_of` kept across the plans of a pass."""
+    if not candidates:
+        return None
+    trials = _Without(index)
     try:
-        return index.place(req, within)
+        # does it fit with every candidate gone?  No when even all their nodes could not
+        # make room; else yes as soon as a prefix does (it fits only more with more gone):
+        # the shortest that might, four times as many, ... all (less to release than all
+        # at once when a few suffice, a few more walks when most are needed)
+        length = _least_prefix(
+            req.nodes - index.fit_count(req), (len(j.placement) for j in candidates)
+        )
+        while length is not None:
+            if trials.place(req, candidates[:length]) is not None:
+                break
+            length = None if length == len(candidates) else min(4 * length, len(candidates))
+        if length is None:
+            return None
+        budget = min(budget, max(1, PREEMPTION_SEARCH_WORK // max(1, len(index.nodes))))
+        tried = 0
+        for k in range(1, len(candidates) + 1):
+            best: tuple[tuple[int, int], tuple[RunningJob, ...], Placement] | None = None
+            for combo in itertools.combinations(candidates, k):
+                tried += 1
+                if tried > budget:
+                    return _greedy_preemption(trials, req, candidates, groups)
+                placed = trials.place(req, combo)
+                if placed is None:
+                    continue
+                cost = (
+                    sum(j.request.priority for j in combo),
+                    sum(len(j.placement) for j in combo),
+                )
+                if best is None or cost < best[0]:
+                    best = (cost, combo, placed)
+            if best is not None:
+                return Preemption(req.job_id, tuple(j.request.job_id for j in best[1]), best[2])
+        return None  # pragma: no cover - the full set fits (checked above)
     finally:
-        for job in gone:
+        trials.restore()
+
+
+class _Without:
+    """The preemption planner's trials on one index: where a job would go if some running
+    jobs stopped.  The jobs are released from the index and committed back again; from
+    one trial to the next only those that differ move (the index's state depends only on
+    what it holds, not on the order), and :meth:`restore` leaves the index as it was,
+    with what it remembered."""
+
+    def __init__(self, index: FleetIndex) -> None:
+        self.index = index
+        self._memo = index._memo
+        self._gone: dict[int, RunningJob] = {}
+        self._moved = False
+        """Whether any job was released since the last restore."""
+        self._base: tuple[JobRequest, int] | None = None
+        """A request and its :meth:`FleetIndex.fit_count` with every job in place."""
+
+    def place(
+        self,
+        req: JobRequest,
+        gone: Iterable[RunningJob],
+        within: tuple[int, tuple[str, ...]] | None = None,
+    ) -> Placement | None:
+        """Where ``req`` would go if ``gone`` stopped.  Not tried when even all of the
+        nodes that would come free could not make room (:meth:`FleetIndex.could_fit`)."""
+        index = self.index
+        if req.nodes < 1 or (within is not None and index.group_size(*within) < req.nodes):
+            return None
+        want = {id(job): job for job in gone}
+        coming = [job for key, job in want.items() if key not in self._gone]
+        # two upper bounds on the nodes that could take a member once ``gone`` stopped:
+        # what fits now plus the nodes still to come free, and what fits with every job
+        # in place plus all of ``gone``'s nodes
+        if not index.could_fit(req, sum(len(job.placement) for job in coming)):
+            return None
+        if self._base is None or self._base[0] is not req:
+            self._base = None if self._gone else (req, index.fit_count(req))
+        if self._base is not None:
+            extra = sum(len(job.placement) for job in want.values())
+            if self._base[1] + extra < req.nodes:
+                return None
+        for key in [key for key in self._gone if key not in want]:
+            job = self._gone.pop(key)
             index.commit(job.request, job.placement)
+        for job in coming:
+            index.release(job.request, job.placement)
+            self._gone[id(job)] = job
+            self._moved = True
+        return index.place(req, within)
+
+    def eligible(self, req: JobRequest) -> list[tuple[_Leaf, int, list[tuple[Shape, list[str]]]]]:
+        """:meth:`FleetIndex.eligible` with every job back in place."""
+        self.restore()
+        return self.index.eligible(req)
+
+    def restore(self) -> None:
+        """Commit every released job back: the index is as it was, and so is its memo but
+        for the eligible pools it kept (they name pool lists that may have been replaced)."""
+        if not self._moved:
+            return
+        for job in self._gone.values():
+            self.index.commit(job.request, job.placement)
+        self._gone.clear()
+        self._memo.found = {}
+        self.index._memo = self._memo
+        self._moved = False
+
+
+JobGroups = tuple[dict[tuple[str, ...], int], ...]
+"""Per ``LEVELS`` depth, the groups a job's nodes are in and how many of them each."""
+
+
+def _groups_of(index: FleetIndex, job: RunningJob, cache: dict[int, JobGroups] | None) -> JobGroups:
+    """The racks, clusters, zones and regions a job's nodes are in, with how many of its
+    nodes each (the topology never changes, so a pass computes it once a job)."""
+    got = None if cache is None else cache.get(id(job))
+    if got is None:
+        counts: list[Counter[tuple[str, ...]]] = [Counter() for _ in LEVELS]
+        for handle in job.placement:
+            leaf = index._leaf_of.get(handle)
+            if leaf is not None:
+                for depth, key in enumerate(leaf.groups):
+                    counts[depth][key] += 1
+        got = tuple(dict(c) for c in counts)
+        if cache is not None:
+            cache[id(job)] = got
+    return got
 
 
 def _greedy_preemption(
-    index: FleetIndex, req: JobRequest, candidates: Sequence[RunningJob]
+    trials: _Without,
+    req: JobRequest,
+    candidates: Sequence[RunningJob],
+    groups: dict[int, JobGroups] | None = None,
 ) -> Preemption | None:
     """Large cases.  At each level up to ``max_spread``, in the ``GREEDY_GROUPS`` groups
-    nearest to fitting (and big enough), the shortest prefix (lowest priority first, by
-    bisection) of the candidates touching the group that lets the job fit in it; the
-    fewest victims win (ties: the tighter level).  Then up to ``GREEDY_DROP_TRIES`` of
-    them are spared again when the job still fits anywhere without them."""
+    nearest to fitting (and big enough), the shortest prefix (lowest priority first,
+    :func:`_first_prefix`) of the candidates touching the group that lets the job fit in
+    it; the fewest victims win (ties: the tighter level).  Then up to
+    ``GREEDY_DROP_TRIES`` of them are spared again when the job still fits anywhere
+    without them.  ``groups``: a cache of :func:`_groups_of`."""
+    index = trials.index
+    if groups is None:
+        groups = {}
     widest = LEVELS.index(req.max_spread)
     have: list[dict[tuple[str, ...], int]] = [defaultdict(int) for _ in LEVELS]
-    for leaf, count, _ in index.eligible(req):
+    for leaf, count, _ in trials.eligible(req):
         for depth, key in enumerate(leaf.groups):
             have[depth][key] += count
+    fit = index.fit_by_group(req)
     best: tuple[int, int, list[RunningJob]] | None = None
     for depth in range(widest + 1):
         touching: dict[tuple[str, ...], list[RunningJob]] = defaultdict(list)
         for job in candidates:
-            keys = {k for h in job.placement if (k := index.group_of(h, depth)) is not None}
-            for key in keys:
+            for key in _groups_of(index, job, groups)[depth]:
                 touching[key].append(job)
         tried = 0
         for key in sorted(touching, key=lambda k: (req.nodes - have[depth][k], k)):
@@ -577,10 +1031,16 @@ def _greedy_preemption(
             if index.group_size(depth, key) < req.nodes:
                 continue
             jobs = touching[key]
-            if _place_without(index, req, jobs, (depth, key)) is None:
+            # the nodes that fit a member now, plus those a prefix would free: a bound
+            least = _least_prefix(
+                req.nodes - fit[depth].get(key, 0),
+                (_groups_of(index, j, groups)[depth][key] for j in jobs),
+            )
+            length = _first_prefix(trials, req, jobs, (depth, key), least)
+            if length is None:  # not even all of them make room here
                 continue
             tried += 1
-            chosen = _shortest_prefix(index, req, jobs, (depth, key))
+            chosen = list(jobs[:length])
             if best is None or (len(chosen), depth) < best[:2]:
                 best = (len(chosen), depth, chosen)
     if best is None:  # pragma: no cover - the caller checked that all candidates do
@@ -589,29 +1049,103 @@ def _greedy_preemption(
     for job in list(reversed(chosen))[:GREEDY_DROP_TRIES]:  # the last one too (it may be
         # needed only for the group it was picked in, not for a fit elsewhere)
         trial = [j for j in chosen if j is not job]
-        if _place_without(index, req, trial) is not None:
+        if trials.place(req, trial) is not None:
             chosen = trial
-    placed = _place_without(index, req, chosen)
+    placed = trials.place(req, chosen)
     assert placed is not None  # it fits inside the group, so somewhere
     return Preemption(req.job_id, tuple(j.request.job_id for j in chosen), placed)
 
 
-def _shortest_prefix(
-    index: FleetIndex,
+def _least_prefix(need: int, freed: Iterable[int]) -> int | None:
+    """The shortest prefix whose ``freed`` nodes add up to ``need`` (1 when none are
+    needed; None when all of them do not)."""
+    if need <= 0:
+        return 1
+    total = 0
+    for length, count in enumerate(freed, 1):
+        total += count
+        if total >= need:
+            return length
+    return None
+
+
+def _first_prefix(
+    trials: _Without,
     req: JobRequest,
     jobs: Sequence[RunningJob],
-    within: tuple[int, tuple[str, ...]],
-) -> list[RunningJob]:
-    """The shortest prefix of ``jobs`` whose removal lets ``req`` fit ``within`` (all of
-    them do)."""
-    lo, hi = 1, len(jobs)
+    within: tuple[int, tuple[str, ...]] | None = None,
+    least: int | None = 1,
+) -> int | None:
+    """The length of the shortest prefix of ``jobs`` whose removal lets ``req`` fit
+    (``within`` that group), None when not even all of them do; no prefix shorter than
+    ``least`` does (a bound; None: not even all of them).
+
+    Removing more jobs only frees capacity (and tenants from leaves), so whether it fits
+    only turns from no to yes along the prefixes: the answer is found by steps doubling
+    from ``least``, then bisecting, and the trials release jobs about in proportion to
+    it, not to ``jobs``."""
+    if not jobs or least is None or least > len(jobs):
+        return None
+    known_no, length, step = least - 1, least, 1
+    while length < len(jobs) and trials.place(req, jobs[:length], within) is None:
+        known_no, length, step = length, length + step, 2 * step
+    if length >= len(jobs):
+        length = len(jobs)
+        if trials.place(req, jobs, within) is None:
+            return None
+    lo, hi = known_no + 1, length  # fits at hi, not at known_no
     while lo < hi:
         mid = (lo + hi) // 2
-        if _place_without(index, req, jobs[:mid], within) is None:
+        if trials.place(req, jobs[:mid], within) is None:
             lo = mid + 1
         else:
             hi = mid
-    return list(jobs[:lo])
+    return lo
+
+
+class _Victims:
+    """The preemption side of one queue pass: the running jobs that may be preempted, in
+    :func:`_victim_order` once, and the requests known to find no plan this pass."""
+
+    def __init__(self, running: Sequence[RunningJob]) -> None:
+        self._running = running
+        self._pool: list[RunningJob] | None = None
+        self._priorities: list[int] = []
+        self._groups: dict[int, JobGroups] = {}
+        """:func:`_groups_of` each candidate (by ``id``: ``running`` outlives the pass)."""
+        self._hopeless: dict[Kind, list[tuple[int, frozenset[str], int, int, int]]] = {}
+        """kind -> (epoch, exclude, nodes, widest, priority) of requests that would not
+        fit even with every candidate gone."""
+
+    def plan(self, index: FleetIndex, req: JobRequest, stopped: set[str]) -> Preemption | None:
+        """``_plan_on(index, req, running minus stopped)``, with an exact shortcut: after
+        a request of the same kind found no plan, one that needs no fewer nodes, spreads no
+        wider, excludes no fewer nodes and ranks no higher finds none either while nothing
+        was released (fewer candidates: ``stopped`` only grows in a pass; no more room)."""
+        kind = _kind(req)
+        widest = LEVELS.index(req.max_spread)
+        epoch = index._memo.epoch
+        for seen_epoch, seen, size, wide, priority in self._hopeless.get(kind, ()):
+            if (
+                seen_epoch == epoch
+                and size <= req.nodes
+                and wide >= widest
+                and priority >= req.priority
+                and (seen is req.exclude or seen <= req.exclude)
+            ):
+                return None
+        if self._pool is None:
+            self._pool = sorted(
+                (j for j in self._running if j.request.preemptible), key=_victim_order
+            )
+            self._priorities = [j.request.priority for j in self._pool]
+        end = bisect.bisect_left(self._priorities, req.priority)
+        candidates = [j for j in self._pool[:end] if j.request.job_id not in stopped]
+        plan = _plan_among(index, req, candidates, PREEMPTION_SEARCH_BUDGET, self._groups)
+        if plan is None:
+            entry = (index._memo.epoch, req.exclude, req.nodes, widest, req.priority)
+            self._hopeless.setdefault(kind, []).append(entry)
+        return plan
 
 
 def queue_order(queue: Iterable[JobRequest]) -> list[JobRequest]:
@@ -637,43 +1171,82 @@ def schedule_queue(
     that cannot fit even on the emptied fleet reserves nothing and blocks nobody.
     """
     index = FleetIndex(nodes, running)
-    empty: FleetIndex | None = None
+    return schedule_on(index, queue, running, preempt=preempt, backfill=backfill)
+
+
+def schedule_on(
+    index: FleetIndex,
+    queue: Iterable[JobRequest],
+    running: Sequence[RunningJob] = (),
+    *,
+    empty: FleetIndex | None = None,
+    preempt: bool = True,
+    backfill: bool = True,
+) -> QueuePass:
+    """:func:`schedule_queue` on a kept index that holds ``running`` (and nothing else):
+    the same decisions as ``schedule_queue(queue, index.nodes.values(), running)``.
+
+    The pass's placements stay committed in ``index`` (the caller starts them); each
+    preemption's promised placement is released again before returning, so the index
+    shows the victims on their nodes until the caller stops (``release``) them.
+    ``empty``: a kept index of the same nodes holding no jobs (where a blocked job would go
+    on the emptied fleet), built from ``index.nodes`` when needed if None; it is only read.
+    Keep both up to date with ``commit`` / ``release`` (job start and stop, the empty one
+    never) and ``update_node`` (every change of a node's record, on both).
+    """
     reserved: set[str] = set()
+    held_back: frozenset[str] = frozenset()
+    """``reserved`` as of its last change (each trial's ``exclude``)."""
     placements: list[Placement] = []
     preemptions: list[Preemption] = []
     blocked: list[Blocked] = []
     stopped: set[str] = set()
+    promised: list[tuple[JobRequest, tuple[str, ...]]] = []
+    victims = _Victims(running) if preempt else None
     ordered = queue_order(queue)
-    for req in ordered:
-        trial = replace(req, exclude=req.exclude | reserved) if reserved else req
-        placed = index.place(trial)
-        if placed is not None:
-            index.commit(req, placed.nodes)
-            placements.append(placed)
-            continue
-        if preempt:
-            # jobs placed or promised earlier in this pass rank at least as high: only the
-            # running jobs not already stopped can be victims
-            live = [j for j in running if j.request.job_id not in stopped]
-            plan = _plan_on(index, trial, live, PREEMPTION_SEARCH_BUDGET)
-            if plan is not None:
-                preemptions.append(plan)
-                stopped.update(plan.victims)
-                reserved.update(plan.placement.nodes)
-                # the victims' nodes are promised to this job: nobody else takes them, and
-                # later jobs see its tenant on those leaves
-                index.commit(req, plan.placement.nodes)
+    try:
+        for req in ordered:
+            if len(held_back) != len(reserved):
+                held_back = frozenset(reserved)
+            if not reserved:
+                trial = req
+            elif req.exclude:
+                trial = replace(req, exclude=req.exclude | held_back)
+            else:
+                trial = replace(req, exclude=held_back)
+            placed = index.place(trial)
+            if placed is not None:
+                index.commit(req, placed.nodes)
+                placements.append(placed)
                 continue
-        if empty is None:
-            empty = FleetIndex(nodes)
-        ideal = empty.place(req)
-        if ideal is None:
-            blocked.append(Blocked(req.job_id, "does not fit the fleet even when it is empty"))
-            continue
-        reserved.update(ideal.nodes)
-        blocked.append(Blocked(req.job_id, "waiting for capacity", ideal.nodes))
-        if not backfill:
-            rest = ordered[ordered.index(req) + 1 :]
-            blocked.extend(Blocked(r.job_id, f"behind {req.job_id} (no backfill)") for r in rest)
-            break
+            if victims is not None:
+                # jobs placed or promised earlier in this pass rank at least as high: only
+                # the running jobs not already stopped can be victims
+                plan = victims.plan(index, trial, stopped)
+                if plan is not None:
+                    preemptions.append(plan)
+                    stopped.update(plan.victims)
+                    reserved.update(plan.placement.nodes)
+                    # the victims' nodes are promised to this job: nobody else takes them,
+                    # and later jobs see its tenant on those leaves
+                    index.commit(req, plan.placement.nodes)
+                    promised.append((req, plan.placement.nodes))
+                    continue
+            if empty is None:
+                empty = FleetIndex(index.nodes.values())
+            ideal = empty.place(req)
+            if ideal is None:
+                blocked.append(Blocked(req.job_id, "does not fit the fleet even when it is empty"))
+                continue
+            reserved.update(ideal.nodes)
+            blocked.append(Blocked(req.job_id, "waiting for capacity", ideal.nodes))
+            if not backfill:
+                rest = ordered[ordered.index(req) + 1 :]
+                blocked.extend(
+                    Blocked(r.job_id, f"behind {req.job_id} (no backfill)") for r in rest
+                )
+                break
+    finally:
+        for req, nodes in promised:
+            index.release(req, nodes)
     return QueuePass(tuple(placements), tuple(preemptions), tuple(blocked))

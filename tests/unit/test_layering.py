@@ -30,6 +30,7 @@ PURE = "the pure core imports no nats, aiohttp, asyncio, subprocess, socket"
 DEMO = "the demo (and its simulated fleet) is imported by no agent, controller, proto"
 CLI = "nothing imports metalguard.cli, the composition root"
 RUNTIME = "runtime (shared by both) imports no agent, controller, demo, cli"
+TWIN = "the fleet twin is imported by no agent, controller, proto, demo"
 
 
 def contract(name: str) -> Contract:
@@ -54,7 +55,7 @@ def graph() -> grimp.ImportGraph:
 
 def test_the_tree_keeps_every_contract(graph: grimp.ImportGraph) -> None:
     names = [c["name"] for c in CONFIG["contracts"]]
-    assert sorted(names) == sorted([INDEPENDENCE, PROTO, PURE, DEMO, CLI, RUNTIME])
+    assert sorted(names) == sorted([INDEPENDENCE, PROTO, PURE, DEMO, CLI, RUNTIME, TWIN])
     broken = [n for n in names if not contract(n).check(graph, verbose=False).kept]
     assert broken == []
 
@@ -79,6 +80,8 @@ def test_the_tree_keeps_every_contract(graph: grimp.ImportGraph) -> None:
         ("metalguard.demo.run", "metalguard.cli", CLI),
         ("metalguard.runtime.looplag", "metalguard.controller.config", RUNTIME),
         ("metalguard.runtime.looplag", "metalguard.agent.config", RUNTIME),
+        ("metalguard.controller.jobs.manager", "metalguard.twin.model", TWIN),
+        ("metalguard.demo.run", "metalguard.twin.report", TWIN),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(

@@ -1,0 +1,645 @@
+"""The fleet twin's discrete-event simulation (issue 19): the real scheduler, health
+decisions and job machine, driven in simulated time.
+
+One heap of ``(time, sequence, handler, args)`` (no sleeping; equal times in the order
+they were scheduled). The events: job arrivals, fault precursors and faults, a person
+noticing, repairs, planned maintenance, checkpoint answers, the ends of generations
+(finish, a crash on a broken node, a hang timeout), resubmissions (static) and the
+queue passes (coalesced: at most one every ``policy.pass_interval_s``, only after the
+queue or the capacity changed).
+
+The real code: every job's ``JobStatus`` is changed only by
+:mod:`metalguard.controller.jobs.machine` (``submitted``, ``placed``, ``preempt``,
+``advance``, ``observe_member``, ``observe_checkpoint``, ``request_cancel``); placement by
+:mod:`metalguard.controller.jobs.scheduler` on one kept ``FleetIndex`` (node grades from
+the health model; cordoned = out of service); node grades by the health model
+(:mod:`metalguard.twin.health`: the real scoring, lifecycle and rail). The twin plays the
+agents (:mod:`metalguard.twin.jobs`) and the people (noticing, repairing, resubmitting).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from metalguard.controller.jobs import machine, scheduler
+from metalguard.controller.jobs.machine import Step, World
+from metalguard.controller.jobs.scheduler import (
+    FleetIndex,
+    FleetNode,
+    JobRequest,
+    QueuePass,
+    RunningJob,
+    request_from_job,
+)
+from metalguard.proto.jobs import TERMINAL_JOB_STATES
+from metalguard.twin.failures import draw_faults, draw_planned
+from metalguard.twin.health import HealthModel
+from metalguard.twin.jobs import Generation, TwinJob, reached_offset
+from metalguard.twin.metrics import FleetMeter, kept_progress, outcome_record
+from metalguard.twin.model import (
+    DAY_S,
+    Fault,
+    JobSpec,
+    PlannedMaintenance,
+    Policy,
+    TwinInputs,
+    TwinResult,
+)
+
+SAMPLES = 400
+"""Timeline samples per run when ``sample_s`` is not given."""
+HANG_MARGIN_S = 1e-3
+"""A hang check runs this long after the timeout (the machine compares with ``>=``)."""
+
+
+class GradeChangeLike(Protocol):
+    """What the engine reads of a health model's grade change."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def after(self) -> str: ...
+
+
+class Health(Protocol):
+    """The health model (:class:`metalguard.twin.health.HealthModel`)."""
+
+    decisions: Counter[str]
+
+    def grade(self, handle: str) -> str: ...
+
+    def fleet_node(self, node: FleetNode) -> FleetNode: ...
+
+    def precursor(
+        self, fault: Fault, now: float, *, running_jobs: int | None = None
+    ) -> Sequence[GradeChangeLike]: ...
+
+    def fault(self, fault: Fault, now: float) -> Sequence[GradeChangeLike]: ...
+
+    def drain(self, handle: str, now: float, reason: str) -> Sequence[GradeChangeLike]: ...
+
+    def repaired(self, handle: str, now: float) -> Sequence[GradeChangeLike]: ...
+
+
+def run(inputs: TwinInputs, policy: Policy, *, sample_s: float | None = None) -> TwinResult:
+    """Simulate ``inputs`` under ``policy``: faults and planned maintenance drawn from the
+    failure model with the run's seed (the same for every policy)."""
+    faults = draw_faults(
+        inputs.failures, inputs.nodes, inputs.days, random.Random(f"{inputs.seed}:faults")
+    )
+    planned = draw_planned(
+        inputs.failures, inputs.nodes, inputs.days, random.Random(f"{inputs.seed}:planned")
+    )
+    health = HealthModel(inputs.nodes, policy)
+    engine = Engine(
+        inputs, policy, faults=faults, planned=planned, health=health, sample_s=sample_s
+    )
+    return engine.run()
+
+
+class Engine:
+    """One run: the fleet, the jobs, the event heap (use :func:`run`; tests build it with
+    chosen faults and a stand-in health model)."""
+
+    def __init__(
+        self,
+        inputs: TwinInputs,
+        policy: Policy,
+        *,
+        faults: Sequence[Fault],
+        planned: Sequence[PlannedMaintenance] = (),
+        health: Health,
+        sample_s: float | None = None,
+        kept: bool = True,
+    ) -> None:
+        self.inputs = inputs
+        self.policy = policy
+        self.faults = tuple(faults)
+        self.planned = tuple(planned)
+        self.health = health
+        self.end = inputs.days * DAY_S
+        self.now = 0.0
+        self.events = 0
+        self.counts: Counter[str] = Counter()
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = 0
+        self.base: dict[str, FleetNode] = {n.handle: n for n in inputs.nodes}
+        if len(self.base) != len(inputs.nodes):
+            raise ValueError("two nodes have the same handle")
+        self.nodes = dict(self.base)
+        """The scheduler's view: the health model's record (grade; cordoned = cordoned or
+        held: the controller's own ``topology.fleet_node``), cordoned while out of
+        service."""
+        self._handles = tuple(self.nodes)
+        self.grades: dict[str, str] = {h: n.grade for h, n in self.nodes.items()}
+        """What the job machine reads (MG_NODES); static has no health system: never
+        changes."""
+        self.total_gpus = sum(n.gpus for n in self.nodes.values())
+        self.meter = FleetMeter(
+            end_s=self.end, sample_s=sample_s or max(self.end, 1.0) / SAMPLES, nodes=len(self.nodes)
+        )
+        self._down: set[str] = set()
+        """Nodes counted down: out of service (not schedulable) and holding no job (a job
+        still leaving a drained node keeps its GPUs busy, not down)."""
+        for n in self.nodes.values():  # nothing runs yet
+            if not n.schedulable:
+                self._down.add(n.handle)
+                self.meter.down(0.0, n.gpus, 1)
+        self.index: FleetIndex | None = None
+        self.empty: FleetIndex | None = None
+        if kept:
+            self.index = FleetIndex(self.nodes.values())
+            self.empty = FleetIndex(self.nodes.values())
+        self.twins: dict[str, TwinJob] = {}
+        """By the JobSpec's id, in arrival order."""
+        self.attempts: dict[str, TwinJob] = {}
+        """By each attempt's job id (static resubmissions get new ids)."""
+        self.waiting: dict[str, JobRequest] = {}
+        """Attempts waiting for the queue pass, with their exclusions."""
+        self.holders: dict[str, RunningJob] = {}
+        self.jobs_on: dict[str, set[str]] = {}
+        """Node handle -> the attempts holding it."""
+        self.broken: dict[str, Fault] = {}
+        """Nodes whose hardware failed and is not repaired yet."""
+        self.out: set[str] = set()
+        """Nodes out of service (in repair, delivery or a maintenance window)."""
+        self.averted: set[int] = set()
+        """Faults whose node was drained on their precursor."""
+        self._pass_at: float | None = None
+        self._last_pass = -math.inf
+        self._dirty = False
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def _at(self, t: float, fn: Callable[..., None], *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, fn, args))
+
+    def run(self) -> TwinResult:
+        """Run to the end of the horizon and return the result."""
+        for spec in self.inputs.jobs:
+            if spec.submit_s <= self.end:
+                self._at(max(0.0, spec.submit_s), self._arrive, spec)
+        for f in self.faults:
+            p = f.precursor_at_s
+            if self.policy.precursors and f.kind == "hardware" and p is not None and p < f.at_s:
+                self._at(max(0.0, p), self._precursor, f)
+            self._at(f.at_s, self._fault, f)
+        for pm in self.planned:
+            self._at(pm.at_s, self._planned, pm)
+        heap, end = self._heap, self.end
+        while heap and heap[0][0] <= end:
+            t, _, fn, args = heapq.heappop(heap)
+            self.now = t
+            self.events += 1
+            fn(*args)
+        return self._result()
+
+    def _result(self) -> TwinResult:
+        self.now = self.end
+        records = []
+        for tj in self.twins.values():
+            done = kept_progress(tj, self.end)
+            self._count_interruption(tj.settle(self.end))
+            records.append(outcome_record(tj, self.end, done))
+        timeline = self.meter.close()
+        decisions = Counter(self.counts)
+        decisions.update(self.health.decisions)
+        return TwinResult(
+            policy=self.policy,
+            inputs=self.inputs,
+            jobs=tuple(records),
+            gpu_seconds_available=float(self.total_gpus) * self.end,
+            gpu_seconds_busy=self.meter.busy_s,
+            gpu_seconds_down=self.meter.down_s,
+            faults=self.faults,
+            timeline=timeline,
+            events=self.events,
+            decisions={k: decisions[k] for k in sorted(decisions)},
+        )
+
+    # --- jobs: the machine and the agents --------------------------------------------------
+
+    def _arrive(self, spec: JobSpec) -> None:
+        if spec.job_id in self.twins:
+            raise ValueError(f"job {spec.job_id!r} submitted twice")
+        tj, step = TwinJob.submit(spec, self.policy, self.now)
+        self.twins[spec.job_id] = tj
+        self.attempts[tj.job.job_id] = tj
+        self._apply(tj, step)
+        self._sync(tj)
+
+    def _resubmit(self, tj: TwinJob) -> None:
+        step = tj.resubmit(self.now)
+        self.attempts[tj.job.job_id] = tj
+        self._apply(tj, step)
+        self._sync(tj)
+
+    def _apply(self, tj: TwinJob, step: Step) -> None:
+        """Take a machine step: its status, its events, a generation it started."""
+        tj.status = st = step.status
+        for e in step.emits:
+            self.counts[e.kind] += 1
+            if e.kind == "job.rescheduled":
+                self.counts[f"move:{e.attributes.get('cause', '')}"] += 1
+        if st.generation > 0 and st.members and tj.live_gen() is None:
+            self._count_interruption(tj.close_gen(self.now))
+            g = tj.open_gen(self.now)
+            if tj.first_start_s is None:
+                tj.first_start_s = self.now
+            self._at(tj.finish_at(g), self._finish, tj, g)
+            rs = tj.spec.restart_cost_s
+            for node in g.nodes:
+                if node in self.broken:  # the job dies once it touches the broken hardware
+                    self._at(self.now + rs, self._broken_crash, tj, g, node)
+                    break
+
+    def _drive(self, tj: TwinJob) -> None:
+        """Advance one job until its commands wait for something later."""
+        now = self.now
+        while True:
+            st = tj.status
+            if st.state in TERMINAL_JOB_STATES:
+                break
+            if st.state == "running" and st.move is None:
+                tj.report(now)
+            world = World(now=now, grades=self.grades, replies=tj.replies, timings=tj.timings)
+            step = machine.advance(tj.status, world)
+            self._apply(tj, step)
+            again, later, ckpt_step = tj.answer(step.sends, now)
+            if later:
+                g = tj.live_gen()
+                self._at(now + tj.spec.checkpoint_cost_s, self._checkpoints, tj, g,
+                         tuple(later), ckpt_step)  # fmt: skip
+            if not again:
+                break
+        if tj.status.move is None and tj.replies:
+            tj.replies = {}  # a move's answers are never asked again (ids per generation)
+        self._sync(tj)
+
+    def _drive_all(self, jobs: Iterable[TwinJob]) -> None:
+        seen: set[str] = set()
+        for tj in jobs:
+            if tj.spec.job_id not in seen:
+                seen.add(tj.spec.job_id)
+                self._drive(tj)
+
+    def _sync(self, tj: TwinJob) -> None:
+        """Mirror the status into the fleet: nodes held, the queue, the job's end."""
+        st = tj.status
+        holds = st.placement if st.state not in TERMINAL_JOB_STATES else ()
+        if holds != tj.held:
+            if tj.held:
+                self._release(tj)
+            if holds:
+                self._take(tj, holds, commit=True)
+        aid = tj.job.job_id
+        if machine.needs_placement(st):
+            if aid not in self.waiting:
+                exclude = st.move.exclude if st.move is not None else ()
+                self.waiting[aid] = request_from_job(tj.job, exclude) if exclude else tj.request
+                tj.queued_since = self.now
+                self._changed()
+        elif aid in self.waiting:
+            del self.waiting[aid]
+        if st.state in TERMINAL_JOB_STATES and tj.end_s is None and not tj.resubmit_pending:
+            g = tj.gen
+            interrupted = g is None or g.attempt != tj.attempt or not g.finished
+            if not self.policy.auto_isolation and st.state != "succeeded" and interrupted:
+                tj.resubmit_pending = True  # static: the user resubmits it
+                self._at(self.now + self.policy.resubmit_s, self._resubmit, tj)
+            else:
+                tj.end_s = self.now
+
+    def _take(self, tj: TwinJob, nodes: tuple[str, ...], *, commit: bool) -> None:
+        req = tj.request
+        if req.exclusive:
+            gpus = sum(self.nodes[h].gpus for h in nodes)
+        else:
+            gpus = req.gpus_per_node * len(nodes)
+        if commit and self.index is not None:
+            self.index.commit(req, nodes)
+        aid = tj.job.job_id
+        tj.held, tj.gpus_held, tj.held_since = nodes, gpus, self.now
+        tj.gpus_most = max(tj.gpus_most, gpus)
+        self.meter.hold(self.now, gpus, 1)
+        for h in nodes:
+            self.jobs_on.setdefault(h, set()).add(aid)
+        self.holders[aid] = RunningJob(req, nodes)
+        if tj.queued_since is not None:
+            tj.waits.append(self.now - tj.queued_since)
+            tj.queued_since = None
+
+    def _release(self, tj: TwinJob) -> None:
+        self._count_interruption(tj.close_gen(self.now))
+        if self.index is not None:
+            self.index.release(tj.request, tj.held)
+        aid = tj.job.job_id
+        self.meter.hold(self.now, -tj.gpus_held, -1)
+        tj.held_s += self.now - tj.held_since
+        for h in tj.held:
+            on = self.jobs_on.get(h)
+            if on is not None:
+                on.discard(aid)
+                if not on:
+                    del self.jobs_on[h]
+                    self._recount(h)
+        self.holders.pop(aid, None)
+        tj.held, tj.gpus_held = (), 0
+        self._changed()
+
+    def _count_interruption(self, what: tuple[str, str] | None) -> None:
+        if what is not None:
+            self.counts[f"interruption:{what[0]}:{what[1]}"] += 1
+
+    def _checkpoints(
+        self, tj: TwinJob, gen: Generation | None, ids: tuple[str, ...], step: int
+    ) -> None:
+        if gen is not None and tj.deliver_checkpoints(ids, gen, step, self.now):
+            self._drive(tj)
+
+    def _finish(self, tj: TwinJob, gen: Generation) -> None:
+        st = tj.status
+        if tj.live_gen() is not gen or gen.frozen_at is not None:
+            return
+        if st.state != "running" or st.move is not None:
+            return
+        tj.report(self.now)
+        gen.finished = True
+        gen.frozen_at = self.now
+        code = 1 if tj.spec.outcome == "failed" else 0
+        st = tj.status
+        batch = getattr(machine, "observe_members", None)  # one pass, where it exists
+        if batch is not None:
+            st = batch(st, gen.number, self.now, exit_codes={m.node: code for m in st.members})
+        for m in st.members if batch is None else ():
+            st = machine.observe_member(st, m.node, gen.number, self.now, exit_code=code)
+        tj.status = st
+        self._drive(tj)
+
+    def _crash(self, tj: TwinJob, gen: Generation, node: str, cause: str) -> None:
+        """The generation's processes die (the member on ``node`` exits 1)."""
+        gen.crashed = True
+        if gen.frozen_at is None:
+            gen.frozen_at = self.now
+        gen.cause = cause  # a crash outranks a planned stop it interrupted
+        tj.status = machine.observe_member(tj.status, node, gen.number, self.now, exit_code=1)
+
+    def _broken_crash(self, tj: TwinJob, gen: Generation, node: str) -> None:
+        fault = self.broken.get(node)
+        if tj.live_gen() is not gen or gen.crashed or gen.frozen_at is not None or fault is None:
+            return
+        self._crash(tj, gen, node, fault.cause)
+        self._drive(tj)
+
+    def _hang_check(self, tj: TwinJob, gen: Generation) -> None:
+        if tj.live_gen() is gen:
+            self._drive(tj)
+
+    def _kill_hung(self, tj: TwinJob, gen: Generation) -> None:
+        """A person notices the hung job and kills it."""
+        if tj.live_gen() is not gen or gen.crashed or not tj.status.members:
+            return
+        self._crash(tj, gen, tj.status.members[0].node, gen.cause)
+        self._drive(tj)
+
+    # --- the fleet ---------------------------------------------------------------------
+
+    def _live_on(self, handle: str) -> list[tuple[TwinJob, Generation]]:
+        """The attempts whose processes run on a node (by id)."""
+        out = []
+        for aid in sorted(self.jobs_on.get(handle, ())):
+            tj = self.attempts[aid]
+            g = tj.live_gen()
+            if g is not None and not g.crashed and handle in g.nodes:
+                out.append((tj, g))
+        return out
+
+    def _jobs_on(self, handles: Iterable[str]) -> list[TwinJob]:
+        ids = sorted({a for h in handles for a in self.jobs_on.get(h, ())})
+        return [self.attempts[a] for a in ids]
+
+    def _fault(self, f: Fault) -> None:
+        h = f.node
+        self.counts[f"fault:{f.kind}"] += 1
+        if f.fault_id in self.averted:  # drained on its precursor: what still runs there dies
+            live = self._live_on(h)
+            for tj, g in live:
+                self._crash(tj, g, h, f.cause)
+            self.counts["fault:hit_while_draining" if live else "fault:prevented"] += 1
+            self._drive_all(tj for tj, _ in live)
+            return
+        if h in self.out or (f.kind == "hardware" and h in self.broken):
+            self.counts["fault:node_already_out"] += 1
+            return
+        live = self._live_on(h)
+        if f.kind == "hardware":
+            self.broken[h] = f
+            for tj, g in live:
+                self._crash(tj, g, h, f.cause)
+            changes = self.health.fault(f, self.now) if self.policy.auto_isolation else ()
+            touched = self._grades(changes)
+            if self.nodes[h].schedulable:  # not isolated: a person will notice
+                self._at(self.now + self.policy.human_notice_s, self._notice, f)
+            else:
+                self._take_out(h)
+                self._at(self.now + f.repair_s + self.policy.delivery_s, self._repaired, h)
+            self.counts["fault:hit" if live else "fault:idle_node"] += 1
+            self._drive_all([*(tj for tj, _ in live), *self._jobs_on(touched)])
+            return
+        fresh = [(tj, g) for tj, g in live if g.frozen_at is None]
+        if not fresh:
+            self.counts["fault:idle_node"] += 1
+            return
+        # a software bug or a hang hits one job: the one holding the most GPUs there
+        tj, g = min(fresh, key=lambda p: (-p[0].gpus_held, p[0].job.job_id))
+        self.counts["fault:hit"] += 1
+        if f.kind == "software":
+            self._crash(tj, g, h, f.cause)
+            self._drive(tj)
+            return
+        g.hung = True
+        tj.freeze(self.now, f.cause)
+        if tj.job.hang_timeout > 0:  # the machine's hang timeout will see it
+            s = tj.spec
+            elapsed = self.now - g.t0
+            off = reached_offset(elapsed, s.restart_cost_s, s.checkpoint_interval_s,
+                                 s.checkpoint_cost_s)  # fmt: skip
+            due = g.t0 + off + tj.job.hang_timeout + HANG_MARGIN_S
+            self._at(max(self.now, due), self._hang_check, tj, g)
+        # a person notices a hang nothing else caught (no timeout; the machine watches
+        # only members on HEALTHY nodes) and kills the job
+        self._at(self.now + self.policy.human_notice_s, self._kill_hung, tj, g)
+
+    def _notice(self, f: Fault) -> None:
+        """A person notices a broken node nothing took out of service, and drains it."""
+        h = f.node
+        if self.broken.get(h) is not f or h in self.out:
+            return
+        live = self._live_on(h)
+        for tj, g in live:  # whatever started there since dies on the broken hardware
+            self._crash(tj, g, h, f.cause)
+        touched: list[str] = []
+        if self.policy.auto_isolation:
+            touched = self._grades(self.health.drain(h, self.now, f"fault noticed: {f.cause}"))
+        self._take_out(h)
+        self._at(self.now + f.repair_s + self.policy.delivery_s, self._repaired, h)
+        self._drive_all([*(tj for tj, _ in live), *self._jobs_on([h, *touched])])
+
+    def _precursor(self, f: Fault) -> None:
+        h = f.node
+        if h in self.out or h in self.broken:
+            return
+        jobs = len(self.jobs_on.get(h, ()))
+        touched = self._grades(self.health.precursor(f, self.now, running_jobs=jobs))
+        grade = self.nodes[h].grade
+        if grade == "HEALTHY":
+            self.counts["precursor:missed"] += 1
+            self._drive_all(self._jobs_on(touched))
+            return
+        self.counts["precursor:acted"] += 1
+        for _, g in self._live_on(h):
+            if not g.cause:
+                g.cause = "precursor"
+        if grade == "SUB_HEALTHY":  # drain it: a fresh checkpoint, then the move
+            touched += self._grades(self.health.drain(h, self.now, f"precursor: {f.cause}"))
+        self.averted.add(f.fault_id)
+        self._take_out(h)
+        self._at(self.now + f.repair_s + self.policy.delivery_s, self._repaired, h)
+        self._drive_all(self._jobs_on([h, *touched]))
+
+    def _planned(self, pm: PlannedMaintenance) -> None:
+        h = pm.node
+        if h in self.out or h in self.broken:
+            self.counts["planned:skipped"] += 1
+            return
+        self.counts["planned:windows"] += 1
+        for _, g in self._live_on(h):
+            if not g.cause:
+                g.cause = "planned maintenance"
+        touched: list[str] = []
+        if self.policy.auto_isolation:  # the machine moves its jobs with a fresh checkpoint
+            touched = self._grades(self.health.drain(h, self.now, "planned maintenance"))
+        else:  # static: the job is stopped at the window; its user resubmits it
+            for tj in self._jobs_on([h]):
+                tj.status = machine.request_cancel(tj.status, self.now)
+        self._take_out(h)
+        self._at(self.now + pm.duration_s, self._repaired, h)
+        self._drive_all(self._jobs_on([h, *touched]))
+
+    def _repaired(self, h: str) -> None:
+        self.broken.pop(h, None)
+        touched: list[str] = []
+        if self.policy.auto_isolation:
+            touched = self._grades(self.health.repaired(h, self.now))
+        self.out.discard(h)
+        self._refresh(h)
+        self._drive_all(self._jobs_on(touched))
+
+    def _take_out(self, h: str) -> None:
+        if h not in self.out:
+            self.out.add(h)
+            self._refresh(h)
+
+    def _grades(self, changes: Sequence[GradeChangeLike]) -> list[str]:
+        """Apply the health model's grade changes; the nodes they touched."""
+        touched = sorted({ch.node for ch in changes})
+        for h in touched:
+            self._refresh(h)
+        return touched
+
+    def _refresh(self, h: str) -> None:
+        """Rebuild a node's records from the health model and the repairs."""
+        old = self.nodes[h]
+        new = self.base[h]
+        if self.policy.auto_isolation:
+            new = self.health.fleet_node(new)
+            self.grades[h] = new.grade
+        if h in self.out and not new.cordoned:
+            new = msgspec.structs.replace(new, cordoned=True)
+        if new == old:
+            return
+        self.nodes[h] = new
+        if self.index is not None and self.empty is not None:
+            self.index.update_node(new)
+            self.empty.update_node(new)
+        self._recount(h)
+        if new.schedulable and not old.schedulable:
+            self._changed()
+
+    def _recount(self, h: str) -> None:
+        """Count a node down or up again (busy and down never overlap)."""
+        down = not self.nodes[h].schedulable and not self.jobs_on.get(h)
+        if down != (h in self._down):
+            gpus = self.nodes[h].gpus
+            if down:
+                self._down.add(h)
+                self.meter.down(self.now, gpus, 1)
+            else:
+                self._down.discard(h)
+                self.meter.down(self.now, -gpus, -1)
+
+    # --- the queue pass ------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        """The queue or the capacity changed: a pass is due (at most one per interval)."""
+        self._dirty = True
+        if self._pass_at is None and self.waiting:
+            self._pass_at = max(self.now, self._last_pass + self.policy.pass_interval_s)
+            self._at(self._pass_at, self._pass)
+
+    def _pass(self) -> None:
+        self._pass_at = None
+        if not self._dirty or not self.waiting:
+            return
+        self._dirty = False
+        self._last_pass = self.now
+        self.counts["scheduler:passes"] += 1
+        decided = self._schedule(list(self.waiting.values()), list(self.holders.values()))
+        now = self.now
+        for p in decided.placements:
+            tj = self.attempts[p.job_id]
+            self.counts["scheduler:placements"] += 1
+            self._take(tj, p.nodes, commit=False)  # schedule_on committed it
+            self._apply(tj, machine.placed(tj.status, p.nodes, now, p.level))
+            self._drive(tj)
+        for pre in decided.preemptions:
+            for victim in pre.victims:
+                v = self.attempts.get(victim)
+                if v is None:
+                    continue
+                if v.status.state == "running" and v.status.move is None:
+                    v.report(now)  # the move records the furthest step and checkpoint
+                step = machine.preempt(v.status, now, pre.job_id)
+                if step.status is v.status:
+                    continue  # already moving
+                self.counts["scheduler:preemptions"] += 1
+                g = v.live_gen()
+                if g is not None and not g.cause:
+                    g.cause = "preempted"
+                self._apply(v, step)
+                self._drive(v)
+
+    def _schedule(self, queue: list[JobRequest], running: list[RunningJob]) -> QueuePass:
+        p = self.policy
+        if self.index is not None:
+            return scheduler.schedule_on(
+                self.index,
+                queue,
+                running,
+                empty=self.empty,
+                preempt=p.preemption,
+                backfill=p.backfill,
+            )
+        nodes = [self.nodes[h] for h in self._handles]
+        return scheduler.schedule_queue(
+            queue, nodes, running, preempt=p.preemption, backfill=p.backfill
+        )

@@ -1,0 +1,236 @@
+"""The fleet twin's shared records: what goes in (jobs, faults, the failure model, the
+policy) and what comes out (the run's result), as plain frozen values.
+
+Everything here is pure data; the modules that read files (:mod:`.fleet`,
+:mod:`.trace`, :mod:`.generator`, :mod:`.failures`) build these, :mod:`.engine` runs
+them, :mod:`.report` turns a :class:`TwinResult` into the JSON report.
+Times are simulated seconds from the start of the run (0.0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from metalguard.controller.jobs.scheduler import FleetNode
+
+DAY_S = 86_400.0
+
+JobSource = Literal["trace", "gang"]
+JobOutcome = Literal["succeeded", "failed"]
+FaultKind = Literal["hardware", "software", "hang"]
+"""``hardware``: the node breaks (its jobs are interrupted, it needs a repair);
+``software``: a job's process crashes (the node is fine); ``hang``: a job stops making
+progress without exiting (the node is fine)."""
+Signal = Literal["", "gpu", "ecc", "pcie", "smart", "thermal", "network"]
+"""The hardware signal a cause shows to metalguard's collectors (its precursor and its
+fault): which synthesized telemetry :mod:`.signals` writes for it; "" for none."""
+PolicyName = Literal["static", "reactive", "metalguard"]
+POLICY_NAMES: tuple[PolicyName, ...] = ("static", "reactive", "metalguard")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One job of the workload: when it arrives, what it asks, how much work it is."""
+
+    job_id: str
+    submit_s: float
+    nodes: int
+    """Gang size (members, one per node)."""
+    gpus_per_node: int
+    """GPUs per member; 0 with cpu == 0 and memory_gb == 0: whole nodes."""
+    work_s: float
+    """Useful compute the job needs (seconds of progress), without overheads."""
+    cpu: int = 0
+    memory_gb: int = 0
+    gpu_type: str = ""
+    priority: int = 0
+    preemptible: bool = False
+    checkpoint_interval_s: float = 0.0
+    """Seconds of progress between periodic checkpoints; 0: the job never checkpoints
+    (an interruption loses everything done)."""
+    checkpoint_cost_s: float = 0.0
+    """Wall seconds one checkpoint pauses the job."""
+    restart_cost_s: float = 0.0
+    """Wall seconds from a (re)start until progress resumes (load, warm-up)."""
+    outcome: JobOutcome = "succeeded"
+    """How the job ends by itself once its work is done (a trace's failed task fails)."""
+    source: JobSource = "trace"
+    origin: str = ""
+    """Where it came from, for errors: ``file.csv:row 17`` or ``gang generator #3``."""
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the whole gang holds (whole-node jobs count their nodes' GPUs elsewhere)."""
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """A positive random duration in seconds: ``fixed`` (always ``mean_s``),
+    ``exponential`` (mean ``mean_s``) or ``lognormal`` (median ``mean_s``, shape
+    ``sigma``)."""
+
+    kind: Literal["fixed", "exponential", "lognormal"] = "fixed"
+    mean_s: float = 0.0
+    sigma: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FailureCause:
+    """One row of the failure model (per cause)."""
+
+    name: str
+    rate_per_node_day: float
+    kind: FaultKind = "hardware"
+    signal: Signal = ""
+    precursor_fraction: float = 0.0
+    """Share of this cause's faults that show a precursor metalguard detects first."""
+    lead_time: Distribution = Distribution("fixed", 0.0)
+    """How long before the fault the precursor shows."""
+    repair: Distribution = Distribution("fixed", 0.0)
+    """Hands-on repair time of the node (hardware faults)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailureModel:
+    """Per-node-day fault rates by cause, and the planned maintenance rate."""
+
+    causes: tuple[FailureCause, ...]
+    planned_rate_per_node_day: float = 0.0
+    """Planned maintenance (a drain with notice, no fault) per node-day."""
+    planned_duration: Distribution = Distribution("fixed", 3600.0)
+    source: str = ""
+    """Where the model came from (a file path, or "llama3 (default)")."""
+
+    @property
+    def total_rate_per_node_day(self) -> float:
+        """Unplanned faults per node-day, all causes."""
+        return sum(c.rate_per_node_day for c in self.causes)
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One drawn fault: on which node, when, of which cause, and its precursor."""
+
+    fault_id: int
+    node: str
+    """The node's handle."""
+    at_s: float
+    cause: str
+    kind: FaultKind
+    signal: Signal
+    precursor_at_s: float | None
+    """When the precursor shows (None: no precursor, the fault comes unannounced)."""
+    repair_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedMaintenance:
+    """One planned maintenance window of a node (announced ahead)."""
+
+    node: str
+    at_s: float
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How a fleet is run: what notices faults, who repairs, how the queue works.
+
+    The three named policies are in :data:`metalguard.twin.policies.POLICIES`; every
+    parameter is stated in the report.
+    """
+
+    name: PolicyName
+    auto_isolation: bool
+    """The health system isolates a failing node and the job machine moves its jobs."""
+    precursors: bool
+    """Precursors are acted on: the node is graded by the real scoring, a sub-healthy
+    node with running jobs is drained (checkpoint, then move)."""
+    preemption: bool
+    backfill: bool
+    priorities: bool
+    """False: every job counts as priority 0 (FIFO by submit time)."""
+    hang_detection: bool
+    """The job machine's hang timeout restarts a hung job (else a person notices)."""
+    hang_timeout_s: float
+    human_notice_s: float
+    """How long until a person notices a fault, a dead job or a hang (no automation)."""
+    resubmit_s: float
+    """How long until a user resubmits a job that failed (static: no automatic restart)."""
+    delivery_s: float
+    """Getting a repaired node back into service (reinstall, burn-in, handover)."""
+    pass_interval_s: float = 30.0
+    """Queue passes run at most this often (the job manager's pass)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TwinInputs:
+    """Everything one run needs; the same inputs and seed give the same result."""
+
+    nodes: tuple[FleetNode, ...]
+    jobs: tuple[JobSpec, ...]
+    failures: FailureModel
+    days: float
+    seed: int
+    workload: dict[str, object] = field(default_factory=dict)
+    """The workload's stated parameters (trace file, generator settings), for the report."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcomeRecord:
+    """What happened to one job by the end of the run."""
+
+    job_id: str
+    source: JobSource
+    gpus: int
+    submit_s: float
+    first_start_s: float | None
+    end_s: float | None
+    state: str
+    """``succeeded``, ``failed``, ``running`` (at the end of the run) or ``queued``."""
+    work_s: float
+    done_s: float
+    """Progress kept (useful work) by the end."""
+    redone_s: float
+    """Progress lost to interruptions (done again)."""
+    held_s: float
+    """Wall seconds the job held its nodes (placed to released)."""
+    unplanned: int
+    """Interruptions by a fault (hardware, software, hang)."""
+    planned: int
+    """Moves with notice: precursor drains, planned maintenance, preemptions."""
+    queue_wait_s: tuple[float, ...]
+    """Each wait in the queue: submit (or requeue) to placement."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimePoint:
+    """One sample of the fleet (for the figure)."""
+
+    t_s: float
+    busy_gpus: int
+    running_jobs: int
+    in_service_nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TwinResult:
+    """The outcome of one run: per-job records, fleet totals, samples and faults."""
+
+    policy: Policy
+    inputs: TwinInputs
+    jobs: tuple[JobOutcomeRecord, ...]
+    gpu_seconds_available: float
+    gpu_seconds_busy: float
+    gpu_seconds_down: float
+    """GPU-seconds of nodes out of service (failing, in repair, being delivered)."""
+    faults: tuple[Fault, ...]
+    """Every fault drawn for the run (hit a job or not)."""
+    timeline: tuple[TimePoint, ...]
+    events: int
+    """Simulation events processed (for the benchmark)."""
+    decisions: dict[str, int] = field(default_factory=dict)
+    """Counts of the real code's decisions (grade changes, rail holds, placements,
+    preemptions, moves) for the report."""

@@ -1,0 +1,262 @@
+"""The fleet twin's report: one run's :class:`~metalguard.twin.model.TwinResult` as a JSON
+document with fixed keys (docs/twin.md "The report"), and the text table that compares
+several runs.
+
+Pure: the same result gives the same document, byte for byte once dumped (floats are
+rounded to :data:`DECIMALS` places, keys sorted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from metalguard.controller.cli.console import table
+from metalguard.twin.failures import model_dict
+from metalguard.twin.model import DAY_S, JobOutcomeRecord, TwinResult
+
+DECIMALS = 6
+"""Every float in the report is rounded to this many decimal places."""
+
+BIG_JOB_GPUS = 1000
+"""``interruptions_per_job_month`` counts the jobs with more GPUs than this."""
+
+MONTH_S = 30 * DAY_S
+
+ETTR_DEFINITION = (
+    "effective training time ratio. Per job that started: useful progress kept (done_s, "
+    "seconds of work not redone) / wall seconds from its first start to its end (or to the "
+    "end of the run while it still runs or waits again); the wall includes restarts, "
+    "checkpoints, repairs and waits in the queue after an interruption, not the first wait. "
+    "Fleet: the GPU-weighted ratio, sum(done_s x gpus) / sum(wall_s x gpus) over those jobs. "
+    "jobs_p10/p50/p90: percentiles of the per-job ratio over every started job; "
+    "gang_jobs_p50: the median over the gang generator's jobs (null: none started)."
+)
+
+INTERRUPTION_PREFIX = "interruption:"
+"""The engine's decision counters ``interruption:<unplanned|planned>:<cause>``: job
+interruptions by a fault of that cause (unplanned), or by a move with notice (planned:
+``precursor``, ``planned maintenance``, ``preempted``, ...)."""
+
+
+def build_report(result: TwinResult) -> dict[str, Any]:
+    """The report of one run (every key always present; null where nothing to measure)."""
+    inputs = result.inputs
+    run_end_s = inputs.days * DAY_S
+    node_days = len(inputs.nodes) * inputs.days
+    jobs = result.jobs
+    unplanned = sum(j.unplanned for j in jobs)
+    planned = sum(j.planned for j in jobs)
+    redone_gpu_s = sum(j.redone_s * j.gpus for j in jobs)
+    report: dict[str, Any] = {
+        "policy": result.policy.name,
+        "seed": inputs.seed,
+        "days": inputs.days,
+        "nodes": len(inputs.nodes),
+        "gpus": sum(n.gpus for n in inputs.nodes),
+        "gpu_hours_available": result.gpu_seconds_available / 3600,
+        "gpu_hours_busy": result.gpu_seconds_busy / 3600,
+        "gpu_hours_down": result.gpu_seconds_down / 3600,
+        "utilisation": _ratio(result.gpu_seconds_busy, result.gpu_seconds_available),
+        "goodput_gpu_hours": (result.gpu_seconds_busy - redone_gpu_s) / 3600,
+        "ettr": ettr(jobs, run_end_s),
+        "interruptions": {
+            "unplanned": unplanned,
+            "planned": planned,
+            "unplanned_per_1000_node_days": _ratio(1000 * unplanned, node_days),
+            "planned_per_1000_node_days": _ratio(1000 * planned, node_days),
+            "by_cause": interruptions_by_cause(result),
+        },
+        "interruptions_per_job_month": interruptions_per_job_month(jobs),
+        "queue_wait_s": queue_wait(jobs),
+        "jobs": job_counts(jobs),
+        "failure_model": model_dict(inputs.failures),
+        "policy_parameters": dataclasses.asdict(result.policy),
+        "workload": dict(inputs.workload),
+        "decisions": dict(result.decisions),
+        "events": result.events,
+    }
+    cleaned: dict[str, Any] = _clean(report)
+    return cleaned
+
+
+def ettr(jobs: Iterable[JobOutcomeRecord], run_end_s: float) -> dict[str, Any]:
+    """The ``ettr`` section (see :data:`ETTR_DEFINITION`)."""
+    per_job: list[float] = []
+    gang: list[float] = []
+    done_gpu_s = 0.0
+    wall_gpu_s = 0.0
+    for job in jobs:
+        if job.first_start_s is None:
+            continue
+        end_s = job.end_s if job.end_s is not None else run_end_s
+        wall_s = end_s - job.first_start_s
+        if wall_s <= 0:
+            continue
+        per_job.append(job.done_s / wall_s)
+        if job.source == "gang":
+            gang.append(job.done_s / wall_s)
+        done_gpu_s += job.done_s * job.gpus
+        wall_gpu_s += wall_s * job.gpus
+    per_job.sort()
+    gang.sort()
+    return {
+        "fleet": _ratio(done_gpu_s, wall_gpu_s),
+        "jobs_p10": percentile(per_job, 10),
+        "jobs_p50": percentile(per_job, 50),
+        "jobs_p90": percentile(per_job, 90),
+        "gang_jobs_p50": percentile(gang, 50),
+        "definition": ETTR_DEFINITION,
+    }
+
+
+def interruptions_by_cause(result: TwinResult) -> dict[str, dict[str, int]]:
+    """``{"unplanned": {cause: n}, "planned": {reason: n}}`` from the engine's
+    ``interruption:<kind>:<cause>`` decision counters (sorted by name)."""
+    counts: dict[str, Counter[str]] = {"unplanned": Counter(), "planned": Counter()}
+    for key, value in result.decisions.items():
+        if not key.startswith(INTERRUPTION_PREFIX):
+            continue
+        kind, _, cause = key.removeprefix(INTERRUPTION_PREFIX).partition(":")
+        if kind in counts:
+            counts[kind][cause] += value
+    return {kind: dict(sorted(c.items())) for kind, c in counts.items()}
+
+
+def interruptions_per_job_month(jobs: Iterable[JobOutcomeRecord]) -> float | None:
+    """Unplanned interruptions of the jobs over :data:`BIG_JOB_GPUS` GPUs per 30 days of
+    their running time (the wall seconds they held nodes); None when no such job ran."""
+    count = 0
+    held_s = 0.0
+    for job in jobs:
+        if job.gpus > BIG_JOB_GPUS:
+            count += job.unplanned
+            held_s += job.held_s
+    return None if held_s <= 0 else count * MONTH_S / held_s
+
+
+def queue_wait(jobs: Iterable[JobOutcomeRecord]) -> dict[str, float | None]:
+    """Percentiles of every wait in the queue (first waits and waits after a requeue)."""
+    waits = sorted(w for job in jobs for w in job.queue_wait_s)
+    return {f"p{q}": percentile(waits, q) for q in (50, 90, 99)}
+
+
+def job_counts(jobs: Sequence[JobOutcomeRecord]) -> dict[str, int]:
+    """Every job counted once, by its state at the end of the run."""
+    states = Counter(job.state for job in jobs)
+    return {
+        "submitted": len(jobs),
+        "finished": states["succeeded"],
+        "failed": states["failed"],
+        "running": states["running"],
+        "queued": states["queued"],
+    }
+
+
+def percentile(ordered: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile of ascending ``ordered``, linear between closest ranks
+    (numpy's default); None for no values."""
+    if not ordered:
+        return None
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def dump_report(report: Mapping[str, Any], path: Path | str) -> None:
+    """Write ``report`` as indented, key-sorted JSON with a trailing newline."""
+    Path(path).write_text(dumps_report(report), encoding="utf-8")
+
+
+def dumps_report(report: Mapping[str, Any]) -> str:
+    """The report's file contents (what :func:`dump_report` writes)."""
+    return json.dumps(report, sort_keys=True, indent=2) + "\n"
+
+
+ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("nodes", ("nodes",), "int"),
+    ("GPUs", ("gpus",), "int"),
+    ("days", ("days",), "num"),
+    ("utilisation", ("utilisation",), "pct"),
+    ("GPU-hours busy", ("gpu_hours_busy",), "int"),
+    ("goodput GPU-hours", ("goodput_gpu_hours",), "int"),
+    ("GPU-hours down", ("gpu_hours_down",), "int"),
+    ("ETTR fleet", ("ettr", "fleet"), "pct"),
+    ("ETTR jobs p10", ("ettr", "jobs_p10"), "pct"),
+    ("ETTR jobs p50", ("ettr", "jobs_p50"), "pct"),
+    ("ETTR jobs p90", ("ettr", "jobs_p90"), "pct"),
+    ("ETTR gang jobs p50", ("ettr", "gang_jobs_p50"), "pct"),
+    ("interruptions unplanned", ("interruptions", "unplanned"), "int"),
+    ("interruptions planned", ("interruptions", "planned"), "int"),
+    ("unplanned /1000 node-days", ("interruptions", "unplanned_per_1000_node_days"), "num"),
+    ("planned /1000 node-days", ("interruptions", "planned_per_1000_node_days"), "num"),
+    (f"per job-month (>{BIG_JOB_GPUS} GPUs)", ("interruptions_per_job_month",), "num"),
+    ("queue wait p50 (s)", ("queue_wait_s", "p50"), "int"),
+    ("queue wait p90 (s)", ("queue_wait_s", "p90"), "int"),
+    ("queue wait p99 (s)", ("queue_wait_s", "p99"), "int"),
+    ("jobs submitted", ("jobs", "submitted"), "int"),
+    ("jobs finished", ("jobs", "finished"), "int"),
+    ("jobs failed", ("jobs", "failed"), "int"),
+    ("jobs running", ("jobs", "running"), "int"),
+    ("jobs queued", ("jobs", "queued"), "int"),
+)
+"""The rows of :func:`compare_table`: label, the key path in the report, the format."""
+
+
+def compare_table(reports: Sequence[Mapping[str, Any]]) -> str:
+    """One text table: a row per measure, a column per report (headed by its policy)."""
+    headers = ["", *(str(r["policy"]) for r in reports)]
+    rows = [
+        [label, *(_format(_lookup(r, path), kind) for r in reports)] for label, path, kind in ROWS
+    ]
+    return table(headers, rows)
+
+
+def _lookup(report: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = report
+    for key in path:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value
+
+
+def _format(value: Any, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "pct":
+        return f"{100 * value:.1f} %"
+    if kind == "int":
+        return f"{round(value):,}"
+    return f"{value:,.3f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return None if denominator <= 0 else numerator / denominator
+
+
+def _clean(value: Any) -> Any:
+    """JSON-ready and byte-stable: floats rounded (-0.0 and non-finite values made 0.0 and
+    null), tuples and sets as lists (sets sorted), dataclasses as dicts, keys as str."""
+    if isinstance(value, bool) or value is None or isinstance(value, int | str):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        rounded = round(value, DECIMALS)
+        return 0.0 if rounded == 0 else rounded
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _clean(dataclasses.asdict(value))
+    if isinstance(value, set | frozenset):
+        return sorted(_clean(v) for v in value)
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON-ready in a twin report: {type(value).__name__}")
