@@ -24,16 +24,16 @@ X}``: ``mean_s`` is the mean (fixed, exponential) or the median (lognormal); ``s
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 import random
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import get_args
 
 from metalguard.controller.jobs.scheduler import FleetNode
-from metalguard.twin.errors import TwinInputError
+from metalguard.twin.errors import TwinInputError, read_toml
 from metalguard.twin.model import (
     DAY_S,
     Distribution,
@@ -142,13 +142,7 @@ def load_failure_model(
     positive total."""
     name = str(path)
     f = _File(name)
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as e:
-        raise TwinInputError(name, "", f"cannot read: {e.strerror or e}") from e
-    except tomllib.TOMLDecodeError as e:
-        raise TwinInputError(name, "", f"not valid TOML: {e}") from e
+    data = read_toml(path)
     top = f.table(data, "", _TOP_KEYS)
     total: float | None = None
     if "total_rate_per_node_day" in top:
@@ -223,16 +217,7 @@ def load_failure_model(
         rates = [w / weight_sum * target for w in weights]
     return FailureModel(
         causes=tuple(
-            FailureCause(
-                name=c.name,
-                rate_per_node_day=r,
-                kind=c.kind,
-                signal=c.signal,
-                precursor_fraction=c.precursor_fraction,
-                lead_time=c.lead_time,
-                repair=c.repair,
-            )
-            for c, r in zip(causes, rates, strict=True)
+            dataclasses.replace(c, rate_per_node_day=r) for c, r in zip(causes, rates, strict=True)
         ),
         planned_rate_per_node_day=planned_rate,
         planned_duration=planned_duration,

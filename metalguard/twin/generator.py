@@ -11,13 +11,12 @@ import bisect
 import itertools
 import math
 import random
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from metalguard.controller.jobs.scheduler import FleetNode
-from metalguard.twin.errors import TwinInputError
+from metalguard.twin.errors import TwinInputError, read_toml
 from metalguard.twin.model import DAY_S, JobSpec
 
 DEFAULT_GANGS_PATH = Path(__file__).parent / "data" / "gangs.toml"
@@ -127,13 +126,7 @@ def load_gang_params(path: str | Path) -> GangParams:
     given, it replaces the default sizes whole). Unknown keys, wrong types and values
     out of range (:func:`check_params`) raise :class:`TwinInputError` with the key."""
     name = str(path)
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise TwinInputError(name, "", f"cannot read: {e.strerror or e}") from e
-    except tomllib.TOMLDecodeError as e:
-        raise TwinInputError(name, "", f"not valid TOML: {e}") from e
+    data = read_toml(path)
     known = {f.name for f in fields(GangParams)}
     values: dict[str, object] = {}
     for key, value in data.items():
