@@ -12,29 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.twin_report_keys import REPORT_KEYS
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-REPORT_KEYS = {
-    "policy",
-    "seed",
-    "days",
-    "nodes",
-    "gpus",
-    "gpu_hours_available",
-    "gpu_hours_busy",
-    "gpu_hours_down",
-    "utilisation",
-    "goodput_gpu_hours",
-    "ettr",
-    "interruptions",
-    "interruptions_per_job_month",
-    "queue_wait_s",
-    "jobs",
-    "failure_model",
-    "policy_parameters",
-    "workload",
-    "decisions",
-    "events",
-}
 SMALL = ["--nodes", "16", "--days", "2", "--failure-rate", "0.05", "--gangs", "gangs.toml"]
 """16 nodes (128 GPUs) for 2 days, faults ~13x Llama 3's rate so that some happen, and
 short gangs (:data:`GANGS`) so that dozens of jobs come and go."""

@@ -16,37 +16,14 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.twin import signals
 from metalguard.twin.health import GradeChange, HealthModel
-from metalguard.twin.model import Fault, FaultKind, Policy, Signal
+from metalguard.twin.model import Fault, FaultKind, Signal
+from metalguard.twin.policies import POLICIES
 
 INTERVAL = signals.AGENT_BATCH_INTERVAL_S
 HOUR = 3600.0
 
-ACTIVE = Policy(
-    name="metalguard",
-    auto_isolation=True,
-    precursors=True,
-    preemption=True,
-    backfill=True,
-    priorities=True,
-    hang_detection=True,
-    hang_timeout_s=900.0,
-    human_notice_s=4 * HOUR,
-    resubmit_s=2 * HOUR,
-    delivery_s=600.0,
-)
-STATIC_POLICY = Policy(
-    name="static",
-    auto_isolation=False,
-    precursors=False,
-    preemption=False,
-    backfill=False,
-    priorities=False,
-    hang_detection=False,
-    hang_timeout_s=0.0,
-    human_notice_s=4 * HOUR,
-    resubmit_s=2 * HOUR,
-    delivery_s=2.5 * 24 * HOUR,
-)
+ACTIVE = POLICIES["metalguard"]
+STATIC_POLICY = POLICIES["static"]
 
 
 def fleet(n: int = 20, clusters: int = 1) -> list[FleetNode]:

@@ -29,29 +29,7 @@ from metalguard.twin.model import (
     TwinInputs,
     TwinResult,
 )
-
-KEYS = {
-    "policy",
-    "seed",
-    "days",
-    "nodes",
-    "gpus",
-    "gpu_hours_available",
-    "gpu_hours_busy",
-    "gpu_hours_down",
-    "utilisation",
-    "goodput_gpu_hours",
-    "ettr",
-    "interruptions",
-    "interruptions_per_job_month",
-    "queue_wait_s",
-    "jobs",
-    "failure_model",
-    "policy_parameters",
-    "workload",
-    "decisions",
-    "events",
-}
+from tests.twin_report_keys import REPORT_KEYS
 
 POLICY = Policy(
     name="metalguard",
@@ -204,7 +182,7 @@ def result(**kw: object) -> TwinResult:
 
 def test_the_report_has_exactly_the_fixed_keys() -> None:
     report = rep.build_report(result())
-    assert set(report) == KEYS
+    assert set(report) == REPORT_KEYS
     assert set(report["ettr"]) == {
         "fleet",
         "jobs_p10",
