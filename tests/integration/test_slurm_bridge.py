@@ -181,7 +181,13 @@ async def test_isolation_drains_checkpoints_requeues_and_uncordon_resumes(
     text = out.read_text()
     signalled = text.find("checkpoint step=")  # SIGUSR1's checkpoint, before the requeue
     assert 0 <= signalled < text.find("DUE TO JOB REQUEUE"), text
-    events = await control_events(env)
+    # the bridge publishes slurm.job_requeued after its requeue, which Slurm may show first
+    events = await wait_for_value(
+        lambda: control_events(env),
+        lambda evs: len(kinds(evs, NODE)) >= 4,
+        DEADLINE_S,
+        "the bridge's events of the isolation",
+    )
     assert kinds(events, NODE) == [
         "node.isolated",
         "slurm.drained",
@@ -207,7 +213,13 @@ async def test_isolation_drains_checkpoints_requeues_and_uncordon_resumes(
     resumed = next(line for line in lines if line.startswith("resumed step="))
     assert int(resumed.split()[1].split("=")[1]) > 0, resumed
     assert lines[-1] == f"digest={uninterrupted_digest(tmp_path)}"
-    assert kinds(await control_events(env), NODE)[-2:] == ["node.uncordoned", "slurm.resumed"]
+    events = await wait_for_value(
+        lambda: control_events(env),
+        lambda evs: "slurm.resumed" in kinds(evs, NODE),
+        DEADLINE_S,
+        "the bridge's slurm.resumed",
+    )
+    assert kinds(events, NODE)[-2:] == ["node.uncordoned", "slurm.resumed"]
 
 
 async def test_a_node_drained_by_hand_is_never_resumed(
