@@ -34,6 +34,7 @@ try:
     import mfusepy
 
     from metalguard.agent.cache.fusefs import (
+        MAX_READ,
         STATS_NAME,
         XATTR_INFO,
         XATTR_PATH,
@@ -410,6 +411,20 @@ def test_fuse_options_bound_the_kernel_caching_by_the_ttl() -> None:
     assert (opts["attr_timeout"], opts["entry_timeout"], opts["ro"]) == (0.0, 0.0, True)
     assert opts["fsname"] == "mgcache:ds"
     assert opts["allow_other"] is True
+    assert opts["max_read"] == MAX_READ
+
+
+@needs_libfuse
+def test_init_asks_for_splice_and_the_mount_options_read_size(tmp_path: Path) -> None:
+    # libfuse refuses a session whose INIT max_read differs from the mount option's, and
+    # splices a reply only when it fits its pipe (1 MiB by default): 512 KiB fits
+    fs, _ = _fs(tmp_path)
+    conn = mfusepy.fuse_conn_info()
+    conn.capable = (1 << 7) | (1 << 8) | 1
+    fs.init_with_config(conn, None)
+    assert conn.max_read == MAX_READ == fuse_options("ds", 1.0)["max_read"]
+    assert conn.want == (1 << 7) | (1 << 8)  # splice write and move: nothing else asked
+    assert MAX_READ + 4 * 4096 <= 1 << 20
 
 
 # -- the mountpoint ------------------------------------------------------------------------------
