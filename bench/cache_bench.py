@@ -16,7 +16,9 @@ for 3 epochs, each a fresh shuffle, through:
 
 plus a skewed (Zipf 0.8 popularity, a fixed hot set) and a sequential pattern at 50 %.
 For each configuration and epoch it prints the hit ratio, the bytes and requests the
-source served (counted by the server) and the mean read latency.
+source served (counted by the server) and the mean read latency.  Each pattern's direct
+baseline runs first and again last (``direct-end``); the latency ratios divide by the
+mean of both, so load that drifts during the runs (a shared machine) skews them less.
 
 Then, as root with /dev/fuse: ``metalguard cache mount`` in its own process is filled with
 a subset of the files (``--hit-mb``), restarted on the same cache dir (the copies are
@@ -30,6 +32,8 @@ Every read of a policy run and of a fill is checked byte for byte against the ge
 content (the ``bad`` column).
 
 Usage: python bench/cache_bench.py [--files N] [--latency-ms MS] [--workers N] [--quick]
+       [--patterns shuffle,...] [--sizes 25,50,75] [--policies lru,pin,auto]
+       [--no-mount | --mount-only]
 """
 
 from __future__ import annotations
@@ -365,14 +369,19 @@ def run_config(
     return Run(listing_s, listing_requests, epochs)
 
 
-def plan(patterns: Sequence[str], sizes: Sequence[float]) -> list[Key]:
-    """The configurations, in the order they run (each pattern's baseline first): the
-    shuffled epochs at every size, the other patterns at 50 %."""
+def plan(
+    patterns: Sequence[str], sizes: Sequence[float], policies: Sequence[str] = POLICIES
+) -> list[Key]:
+    """The configurations, in the order they run: each pattern's baseline first and again
+    last (``direct-end``: the ratios divide by the mean of both, so a machine whose load
+    drifts during the runs skews them less), between them the shuffled epochs at every
+    size, the other patterns at 50 %."""
     keys: list[Key] = []
     for pattern in patterns:
         keys.append((pattern, 0.0, "direct"))
         for share in sizes if pattern == "shuffle" else (0.5,):
-            keys += [(pattern, share, p) for p in POLICIES]
+            keys += [(pattern, share, p) for p in POLICIES if p in policies]
+        keys.append((pattern, 0.0, "direct-end"))
     return keys
 
 
@@ -384,13 +393,13 @@ def measure_policies(
     n = len(dataset.samples)
     results: dict[Key, Run] = {}
     print_header()
-    for key in plan(args.patterns, args.sizes):
+    for key in plan(args.patterns, args.sizes, args.policies):
         pattern, share, policy = key
         orders = [epoch_order(pattern, n, e, args.seed) for e in range(args.epochs)]
         cache_dir = work / "cache"
         backend: Backend = (
             Direct(url)
-            if policy == "direct"
+            if policy.startswith("direct")
             else Store(url, cache_dir, int(share * dataset.nbytes), policy, args.metadata_ttl)
         )
         try:
@@ -514,7 +523,7 @@ class MountFigures:
     files: int = 0
     nbytes: int = 0
     fill: float = 0.0
-    fuse_hits: float = 0.0  # after a remount: every read reaches the cache process
+    fuse_hits: float = 0.0  # after a remount or drop_pages: every read reaches the cache
     fuse_page_cache: float = 0.0  # the same again: the kernel's page cache (keep_cache)
     local: float = 0.0  # the same files read from the local disk, same readers
     fsspec_hits: float = 0.0  # one reader, mgcache:: path
@@ -553,11 +562,13 @@ def measure_mount(
         walk(mp, dataset)
         fig.fuse_hits = read_files(plain_read(mp), dataset, subset, 4)
         fig.fuse_page_cache = read_files(plain_read(mp), dataset, subset, 4)
-        for _ in range(rounds):
+        for _ in range(rounds):  # interleaved: a noisy neighbour slows all three alike
             fig.local = max(fig.local, read_files(local, dataset, subset, 4))
             fig.fuse_page_cache = max(
                 fig.fuse_page_cache, read_files(plain_read(mp), dataset, subset, 4)
             )
+            drop_pages(mp, subset)  # the mount's pages only: every read reaches the cache
+            fig.fuse_hits = max(fig.fuse_hits, read_files(plain_read(mp), dataset, subset, 4))
         fsspec_read, fig.fsspec_note = fsspec_reader(url, mp)
         if fsspec_read is not None:
             read_files(fsspec_read, dataset, subset, 1, verify=True)  # its own warm-up
@@ -565,6 +576,17 @@ def measure_mount(
                 fig.fsspec_hits = max(fig.fsspec_hits, read_files(fsspec_read, dataset, subset, 1))
                 fig.fsspec_local = max(fig.fsspec_local, read_files(local, dataset, subset, 1))
     return fig
+
+
+def drop_pages(root: Path, samples: Sequence[Sample]) -> None:
+    """Drop the kernel's cached pages of ``samples`` under ``root`` (the mount's files,
+    not the cache's copies nor the source's): the next reads go to the cache process."""
+    for sample in samples:
+        fd = os.open(root / sample.path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def fsspec_reader(url: str, mountpoint: Path) -> tuple[Callable[[Sample], bytes] | None, str]:
@@ -587,7 +609,7 @@ def fsspec_reader(url: str, mountpoint: Path) -> tuple[Callable[[Sample], bytes]
 
 def print_header() -> None:
     print(
-        f"{'pattern':10} {'cache':>5} {'policy':7} {'epoch':>5} {'hit':>6} "
+        f"{'pattern':10} {'cache':>5} {'policy':10} {'epoch':>5} {'hit':>6} "
         f"{'source MB':>10} {'/read':>5} {'requests':>9} {'mean ms':>8} {'MB/s':>6} {'bad':>3}"
     )
 
@@ -597,7 +619,7 @@ def print_run(pattern: str, size: str, policy: str, run: Run) -> None:
         hit = f"{e.hit_ratio:6.1%}" if e.hits is not None else f"{'-':>6}"
         share = e.source_bytes / e.nbytes if e.nbytes else 0.0
         print(
-            f"{pattern:10} {size:>5} {policy:7} {number:5d} {hit} "
+            f"{pattern:10} {size:>5} {policy:10} {number:5d} {hit} "
             f"{e.source_bytes / 1e6:10,.0f} {share:5.2f} {e.source_requests:9,d} "
             f"{e.mean_latency_s * 1e3:8.2f} {e.nbytes / e.wall_s / 1e6:6.0f} {e.bad:3d}"
         )
@@ -626,9 +648,16 @@ def _pin_lru(results: dict[Key, Run], share: float, later: slice) -> tuple[float
     return pin, lru, f"{pin / lru:.2f}x" if lru else "inf"
 
 
+def direct_latency(results: dict[Key, Run], pattern: str) -> float:
+    """The direct reads' mean latency over epochs 2..N, both baseline runs together."""
+    later = slice(1, None)
+    keys = ((pattern, 0.0, "direct"), (pattern, 0.0, "direct-end"))
+    return mean_latency([e for k in keys if k in results for e in results[k].epochs[later]])
+
+
 def _latency_ratio(results: dict[Key, Run], pattern: str, share: float, policy: str) -> float:
     later = slice(1, None)
-    direct = mean_latency(results[pattern, 0.0, "direct"].epochs[later])
+    direct = direct_latency(results, pattern)
     return mean_latency(results[pattern, share, policy].epochs[later]) / direct
 
 
@@ -638,21 +667,37 @@ def print_summary(results: dict[Key, Run], epochs: int) -> None:
     span = f"epochs 2-{epochs}"
     print()
     for pattern, share, policy in results:
-        if pattern == "shuffle" and policy == "pin":
-            pin, lru, ratio = _pin_lru(results, share, later)
-            auto = hit_ratio(results["shuffle", share, "auto"].epochs[later])
-            print(
-                f"shuffle at {share:.0%}, {span}: hit ratio pin {pin:.1%}, auto {auto:.1%}, "
-                f"lru {lru:.1%} (pin/lru {ratio})"
-            )
+        if pattern == "shuffle" and share and policy == _first_policy(results, pattern, share):
+            cells = [
+                f"{p} {hit_ratio(results['shuffle', share, p].epochs[later]):.1%}"
+                for p in POLICIES
+                if ("shuffle", share, p) in results
+            ]
+            ratio = ""
+            if ("shuffle", share, "pin") in results and ("shuffle", share, "lru") in results:
+                ratio = f" (pin/lru {_pin_lru(results, share, later)[2]})"
+            print(f"shuffle at {share:.0%}, {span}: hit ratio {', '.join(cells)}{ratio}")
     for pattern, share, policy in results:
-        if policy == "lru":
-            direct = mean_latency(results[pattern, 0.0, "direct"].epochs[later])
-            cells = [f"{p} {_latency_ratio(results, pattern, share, p):.2f}" for p in POLICIES]
+        if share and policy == _first_policy(results, pattern, share):
+            direct = direct_latency(results, pattern)
+            cells = [
+                f"{p} {_latency_ratio(results, pattern, share, p):.2f}"
+                for p in POLICIES
+                if (pattern, share, p) in results
+            ]
+            start, end = (
+                mean_latency(results[pattern, 0.0, d].epochs[later]) * 1e3
+                for d in ("direct", "direct-end")
+            )
             print(
                 f"{pattern} at {share:.0%}, {span}: mean latency cache/direct "
-                f"(direct {direct * 1e3:.2f} ms): {', '.join(cells)}"
+                f"(direct {direct * 1e3:.2f} ms: {start:.2f} first, {end:.2f} last): "
+                + ", ".join(cells)
             )
+
+
+def _first_policy(results: dict[Key, Run], pattern: str, share: float) -> str:
+    return next(p for p in POLICIES if (pattern, share, p) in results)
 
 
 def print_headlines(
@@ -661,11 +706,11 @@ def print_headlines(
     """The four figures against the goals of issue 18."""
     later = slice(1, epochs)
     print()
-    if ("shuffle", 0.5, "pin") in results:
+    if ("shuffle", 0.5, "pin") in results and ("shuffle", 0.5, "lru") in results:
         _, _, ratio = _pin_lru(results, 0.5, later)
         print(f"hit ratio pin/lru epochs 2-{epochs} at 50%: {ratio} (goal >= 3x)")
     else:
-        print(f"hit ratio pin/lru epochs 2-{epochs} at 50%: not run (--sizes)")
+        print(f"hit ratio pin/lru epochs 2-{epochs} at 50%: not run (--sizes, --policies)")
     shares = sorted(f for p, f, policy in results if p == "shuffle" and policy == "auto")
     if shares:
         at = {f: _latency_ratio(results, "shuffle", f, "auto") for f in shares}
@@ -676,14 +721,15 @@ def print_headlines(
             f"{best:.0%}, epochs 2-{epochs}" + (f"; {others})" if others else ")")
         )
     else:
-        print("mean latency cache/direct: not run (--patterns)")
+        print("mean latency cache/direct: not run (--patterns, --policies)")
     if mount is None:
         print(f"FUSE hits, 4 readers: skipped ({why_not})")
         print(f"fsspec hits / local disk: skipped ({why_not})")
         return
     print(
         f"FUSE hits, 4 readers: {mount.fuse_hits / GB:.2f} GB/s (goal >= 1; "
-        f"{mount.files:,} files, {mount.nbytes / GB:.2f} GB after a remount; filled at "
+        f"{mount.files:,} files, {mount.nbytes / GB:.2f} GB, none in the kernel's page cache "
+        f"(a remount, then best of the rounds after dropping the mount's pages); filled at "
         f"{mount.fill / GB:.2f} GB/s; again from the page cache {mount.fuse_page_cache / GB:.2f}"
         f" GB/s; local disk {mount.local / GB:.2f} GB/s)"
     )
@@ -703,6 +749,13 @@ def _names(text: str) -> tuple[str, ...]:
     names = tuple(n for n in text.split(",") if n)
     if not names or set(names) - set(PATTERNS):
         raise argparse.ArgumentTypeError(f"patterns are {', '.join(PATTERNS)}")
+    return names
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    names = tuple(n for n in text.split(",") if n)
+    if not names or set(names) - set(POLICIES):
+        raise argparse.ArgumentTypeError(f"policies are {', '.join(POLICIES)}")
     return names
 
 
@@ -742,15 +795,23 @@ def main() -> int:
     parser.add_argument(
         "--sizes", type=_shares, default=SIZES, help="cache sizes in %% (shuffle): 25,50,75"
     )
+    parser.add_argument(
+        "--policies", type=_policies, default=POLICIES, help="a subset of " + ",".join(POLICIES)
+    )
     parser.add_argument("--seed", type=int, default=18)
     parser.add_argument("--dir", default=None, help="where the temporary files go")
     parser.add_argument("--no-mount", action="store_true", help="skip the FUSE/fsspec runs")
+    parser.add_argument(
+        "--mount-only", action="store_true", help="only the FUSE/fsspec runs (no policy runs)"
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny dataset (smoke test)")
     args = parser.parse_args()
     if args.quick:
         args.files, args.min_kib, args.max_kib, args.workers, args.rounds = 120, 4, 32, 4, 1
     if args.epochs < 2:
         parser.error("--epochs must be >= 2 (the figures are over epochs 2..N)")
+    if args.mount_only and args.no_mount:
+        parser.error("--mount-only and --no-mount exclude each other")
 
     with workdir(args.dir) as work:
         t0 = time.perf_counter()
@@ -766,8 +827,9 @@ def main() -> int:
         )
         server = SourceServer(work / "src", args.latency_ms)
         try:
-            results = measure_policies(server, dataset, work, args)
-            print_summary(results, args.epochs)
+            results = {} if args.mount_only else measure_policies(server, dataset, work, args)
+            if results:
+                print_summary(results, args.epochs)
             why_not = "--no-mount" if args.no_mount else mount_unavailable()
             mount = None
             if not why_not:

@@ -115,6 +115,18 @@ class ReadThrough:
             return 0
         return self.read(entry, 0, 1)[1]
 
+    def adopt(self, entry: Entry, data: bytes) -> None:
+        """Keep ``data``, all of ``entry``'s file fetched by the caller, as its window (the
+        reads that follow are served from it)."""
+        if self.max_bytes <= 0 or len(data) != entry.size or entry.size > self.whole_bytes:
+            return
+        window = _Window(entry.path, entry.version, 0, entry.size, data=data, ok=True)
+        window.ready.set()
+        with self._lock:
+            self._add(window)
+            self._bytes += len(data)
+            self._trim()
+
     def forget(self, key: str) -> None:
         """Drop every window of ``key`` (its source changed, or the cache took it)."""
         with self._lock:

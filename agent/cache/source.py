@@ -18,11 +18,18 @@ Design notes
   object stores: one round trip refreshes every sibling; one listing per directory at a
   time), or asks for the file alone (``HEAD`` over http, whose listings carry names
   only: there the listing says which names exist, and :meth:`Source.listdir` asks for
-  the sizes it lacks, in parallel).
+  the sizes it lacks, in parallel: ``HEAD`` requests on fsspec's event loop, httpio.py).
+* Misses need no fresh entry.  :meth:`Source.stat_for_fetch` answers the last entry
+  seen, however old, where :meth:`Source.fetch_to` checks the version itself (a local
+  file's fstat after the copy; an http GET's own headers, remembered as the file's
+  entry): a miss costs one request, not a metadata round trip and a GET.
+* :meth:`Source.check` asks for many files' entries at once (the store's background check
+  of its cached copies): one listing per directory, or parallel ``HEAD`` requests.
 * An :class:`Entry`'s :attr:`~Entry.version` (size, mtime, ETag) is what the cache records
   next to a cached copy: a source file whose version differs is a changed file.
 * Reads: :meth:`Source.fetch_to` copies a whole file into a local file (``copy_file_range``
-  for a local source, one ``GET`` for a small remote file, ranged reads of
+  for a local source, one ``GET`` for a small remote file (over http with its response
+  headers, httpio.py), ranged reads of
   ``CHUNK_BYTES`` for a large one); :meth:`Source.read` reads a range (pass-through).
 * Thread-safe: the metadata cache is guarded by a lock held only around dict operations;
   every call to the backend runs outside it.  Two threads refreshing the same stale
@@ -39,20 +46,32 @@ import posixpath
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from metalguard.agent.cache import httpio
 
 CHUNK_BYTES = 8 * 1024 * 1024
 """Ranged-read size for fetching a large remote file (and the copy buffer)."""
 WHOLE_GET_BYTES = 32 * 1024 * 1024
 """Remote files up to this size are fetched with one request."""
 SIZE_WORKERS = 16
-"""Threads asking for the sizes a listing lacks (http listings carry names only)."""
+"""Threads asking for the sizes a listing lacks (a synchronous backend's listing)."""
+SIZE_CONCURRENCY = 32
+"""HEAD requests in flight at once for the sizes an http listing lacks."""
+
+
+class Sink(Protocol):
+    """Where :meth:`Source.fetch_to` writes a file: an open local file (or a wrapper)."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+    def fileno(self) -> int: ...
 
 
 class SourceError(Exception):
@@ -252,6 +271,136 @@ class Source:
             raise FileNotFoundError(rel)
         return entry if entry.is_dir else self._info(rel)
 
+    def known(self, path: str) -> Entry | None:
+        """The last entry seen of file ``path`` whatever its age (no round trip); None when
+        none was seen (or the last listing gave no size)."""
+        rel = normalize(path)
+        parent, name = posixpath.split(rel)
+        with self._lock:
+            cached_file = self._files.get(rel)
+            cached_dir = self._dirs.get(parent)
+        if cached_file is not None:
+            return cached_file[1]
+        if cached_dir is not None:
+            entry = cached_dir[1].get(name)
+            if entry is not None and not entry.is_dir and entry.size >= 0:
+                return entry
+        return None
+
+    def stat_for_fetch(self, path: str) -> Entry:
+        """The entry to fetch file ``path`` with (a miss): where :meth:`fetch_to` checks the
+        version itself — a local copy's fstat, an http GET's headers — the last entry seen,
+        however old, so a miss costs no metadata round trip (a changed file makes
+        ``fetch_to`` answer -1 and the caller asks :meth:`stat`, which then knows the
+        version the fetch saw); else :meth:`stat`."""
+        known = self.known(path)
+        if known is not None and (self.local or (self._http and known.size <= WHOLE_GET_BYTES)):
+            return known
+        return self.stat(path)
+
+    def check(
+        self, paths: Sequence[str], concurrency: int = httpio.HEAD_CONCURRENCY
+    ) -> dict[str, Entry | None]:
+        """Ask the source now for the current entries of files ``paths`` (the background
+        check of cached copies): one listing per parent directory where listings carry
+        versions (the answer then holds every file of those directories), else one HEAD
+        per file (http: in parallel on the file system's event loop).  Per path its entry,
+        or None when it is gone (or a directory); paths the source gave no answer for (an
+        error) are left out.  The answers refresh the metadata cache as a listing or a
+        stat would.  ``concurrency``: HEAD requests in flight at once."""
+        out: dict[str, Entry | None] = {}
+        rels = [normalize(p) for p in paths]
+        if self.versioned_listings:
+            by_dir: dict[str, list[str]] = {}
+            for rel in rels:
+                by_dir.setdefault(posixpath.dirname(rel), []).append(rel)
+            for parent, members in by_dir.items():
+                try:
+                    entries = self._list(parent)
+                except (FileNotFoundError, NotADirectoryError):
+                    entries = {}
+                except Exception:  # the source did not answer: no verdict
+                    continue
+                for sibling in entries.values():  # the siblings' versions come with it
+                    if not sibling.is_dir:
+                        out[sibling.path] = sibling
+                for rel in members:
+                    found = entries.get(posixpath.basename(rel))
+                    out[rel] = found if found is not None and not found.is_dir else None
+            return out
+        if self._http:
+            started = self._clock()
+            self.round_trips += len(rels)
+            answers = httpio.head_many(self.fs, [self.full_path(r) for r in rels], concurrency)
+            for rel, answer in zip(rels, answers, strict=True):
+                if isinstance(answer, BaseException):
+                    continue
+                seen = None if answer is None else self._entry(rel, answer)
+                if seen is None or seen.size < 0:
+                    self.invalidate(rel)
+                    out[rel] = None
+                    continue
+                self._remember(rel, seen, started)
+                out[rel] = seen
+            return out
+        for rel in rels:
+            try:
+                out[rel] = self._info(rel)
+            except FileNotFoundError:
+                out[rel] = None
+            except Exception:
+                continue
+        return out
+
+    def is_fresh(self, entry: Entry) -> bool:
+        """Whether ``entry`` is what the metadata cache holds for its file, within the TTL."""
+        now = self._clock()
+        parent, name = posixpath.split(entry.path)
+        with self._lock:
+            cached_file = self._files.get(entry.path)
+            cached_dir = self._dirs.get(parent)
+        if cached_file is not None and now < cached_file[0] and cached_file[1] == entry:
+            return True
+        return (
+            self.versioned_listings
+            and cached_dir is not None
+            and now < cached_dir[0]
+            and cached_dir[1].get(name) == entry
+        )
+
+    def read_current(self, path: str, limit: int = WHOLE_GET_BYTES) -> tuple[bytes, Entry] | None:
+        """All of file ``path`` and the entry of the version those bytes are, in one request,
+        where the source can say (http: a GET's headers; remembered as the file's entry);
+        None where it cannot, or the file is larger than ``limit``.  FileNotFoundError when
+        it is gone."""
+        if not self._http:
+            return None
+        rel = normalize(path)
+        try:
+            got = self._get_current(rel, limit)
+        except FileNotFoundError:
+            self.invalidate(rel)
+            raise FileNotFoundError(rel) from None
+        return got
+
+    def _get_current(self, rel: str, limit: int) -> tuple[bytes, Entry] | None:
+        """One http GET of ``rel``: its bytes and their version (remembered as its entry);
+        None (nothing read) when it announces more than ``limit`` bytes."""
+        started = self._clock()
+        data, info = httpio.get_with_info(self.fs, self.full_path(rel), limit)
+        seen = self._entry(rel, info)
+        if seen.size >= 0:
+            self._remember(rel, seen, started)
+        if data is None:
+            return None
+        return data, seen
+
+    def _remember(self, rel: str, entry: Entry, seen_at: float | None = None) -> None:
+        """Trust ``entry`` for the TTL from ``seen_at`` (default: now)."""
+        at = self._clock() if seen_at is None else seen_at
+        with self._lock:
+            self._files[rel] = (at + self.metadata_ttl_s, entry)
+
     def invalidate(self, path: str | None = None) -> None:
         """Forget cached metadata: of ``path`` (and its parent listing), or all of it."""
         with self._lock:
@@ -280,8 +429,7 @@ class Source:
         entry = self._entry(rel, info)
         if not entry.is_dir and entry.size < 0:
             raise FileNotFoundError(rel)
-        with self._lock:
-            self._files[rel] = (self._clock() + self.metadata_ttl_s, entry)
+        self._remember(rel, entry)
         return entry
 
     def _list(self, rel: str) -> dict[str, Entry]:
@@ -322,6 +470,16 @@ class Source:
     def _sizes(self, paths: list[str]) -> dict[str, Entry]:
         """Entries of files a listing named without sizes (http), asked for in parallel
         (those known and fresh are not asked again)."""
+        now = self._clock()
+        with self._lock:
+            fresh = {p: self._files.get(p) for p in paths}
+        found = {p: c[1] for p, c in fresh.items() if c is not None and now < c[0]}
+        ask = [p for p in paths if p not in found]
+        if ask and self._http:
+            for rel, entry in self.check(ask, SIZE_CONCURRENCY).items():
+                if entry is not None:
+                    found[rel] = entry
+            return found
 
         def one(rel: str) -> Entry | None:
             try:
@@ -329,9 +487,12 @@ class Source:
             except OSError:
                 return None
 
-        with ThreadPoolExecutor(min(SIZE_WORKERS, len(paths))) as pool:
-            found = list(pool.map(one, paths))
-        return {e.path: e for e in found if e is not None}
+        if ask:
+            with ThreadPoolExecutor(min(SIZE_WORKERS, len(ask))) as pool:
+                for e in pool.map(one, ask):
+                    if e is not None:
+                        found[e.path] = e
+        return found
 
     def _entry(self, rel: str, info: Mapping[str, Any]) -> Entry:
         is_dir = info.get("type") == "directory"
@@ -377,43 +538,60 @@ class Source:
         f: IO[bytes] = self.fs.open(self.full_path(rel), "rb")
         return f
 
-    def fetch_to(self, path: str, dest: IO[bytes], entry: Entry) -> int:
-        """Copy file ``path``, whose current version is ``entry``, into the open local file
-        ``dest``; return the bytes copied.  A count other than ``entry.size`` means the
-        file changed meanwhile (a local file whose size or mtime changed during the copy
-        answers -1)."""
+    def fetch_to(self, path: str, dest: Sink, entry: Entry) -> int:
+        """Copy file ``path``, whose version is believed to be ``entry``, into the open
+        local file ``dest``; return the bytes copied.  A count other than ``entry.size``
+        means the file is not (or no longer) that version: a local file whose size or
+        mtime differ, or an http GET whose headers show another version, answers -1 (an
+        http GET's version is remembered: :meth:`stat` then answers it without a round
+        trip).  Never writes more than ``entry.size + 1`` bytes of a local file, nor any
+        byte of a whole http GET of another version.  FileNotFoundError when the file is
+        gone (its metadata is forgotten)."""
         rel = normalize(path)
         size = entry.size
-        if self.local:
-            with open(self.full_path(rel), "rb") as src:
-                copied = _copy_fd(src.fileno(), dest.fileno())
-                st = os.fstat(src.fileno())
-            if (st.st_size, st.st_mtime) != (entry.size, entry.mtime):
-                return -1
+        try:
+            if self.local:
+                with open(self.full_path(rel), "rb") as src:
+                    copied = _copy_fd(src.fileno(), dest.fileno(), limit=size + 1)
+                    st = os.fstat(src.fileno())
+                if (st.st_size, st.st_mtime) != (entry.size, entry.mtime) or copied != size:
+                    return -1
+                return copied
+            if size <= WHOLE_GET_BYTES and self._http:
+                got = self._get_current(rel, WHOLE_GET_BYTES)
+                if got is None or got[1].version != entry.version:
+                    return -1
+                dest.write(got[0])
+                return len(got[0])
+            if size <= WHOLE_GET_BYTES:
+                data = self.fs.cat_file(self.full_path(rel))
+                dest.write(data)
+                return len(data)
+            copied = 0
+            with self.fs.open(self.full_path(rel), "rb", cache_type="none") as src:
+                while chunk := src.read(CHUNK_BYTES):
+                    dest.write(chunk)
+                    copied += len(chunk)
             return copied
-        if size <= WHOLE_GET_BYTES:
-            data = self.fs.cat_file(self.full_path(rel))
-            dest.write(data)
-            return len(data)
-        copied = 0
-        with self.fs.open(self.full_path(rel), "rb", cache_type="none") as src:
-            while chunk := src.read(CHUNK_BYTES):
-                dest.write(chunk)
-                copied += len(chunk)
-        return copied
+        except FileNotFoundError:
+            self.invalidate(rel)
+            raise FileNotFoundError(rel) from None
 
 
-def _copy_fd(src: int, dst: int) -> int:
-    """Copy all of ``src`` to ``dst`` (copy_file_range where the kernel has it)."""
+def _copy_fd(src: int, dst: int, limit: int) -> int:
+    """Copy ``src`` to ``dst``, at most ``limit`` bytes (copy_file_range where the kernel
+    has it)."""
     copied = 0
     try:
-        while n := os.copy_file_range(src, dst, CHUNK_BYTES):
+        while copied < limit and (
+            n := os.copy_file_range(src, dst, min(CHUNK_BYTES, limit - copied))
+        ):
             copied += n
         return copied
     except OSError as e:
         if copied or e.errno not in (18, 22, 38, 95):  # EXDEV, EINVAL, ENOSYS, EOPNOTSUPP
             raise
-    while chunk := os.read(src, CHUNK_BYTES):
+    while copied < limit and (chunk := os.read(src, min(CHUNK_BYTES, limit - copied))):
         view = memoryview(chunk)
         while view:
             view = view[os.write(dst, view) :]

@@ -21,12 +21,24 @@ Design notes
   without a record, which :meth:`CacheStore.open` deletes; a record whose data is missing
   or of the wrong size is deleted too.  ``<gen>`` is unique per fill, so a late unlink of
   an evicted copy can never hit its successor.
-* Source changes.  Each cached copy records its source version (size, mtime, ETag).  A
-  read checks it against the source's entry once per ``metadata_ttl_s`` (the source's
-  listing cache answers without a round trip inside that window): a different version
-  drops the copy and fetches the file again.  Recovered copies are checked on first use.
+* Source changes.  Each cached copy records its source version (size, mtime, ETag) and
+  is served only until ``metadata_ttl_s`` after the source last confirmed it: a read past
+  that checks it first (the source's listing cache answers without a round trip inside
+  its own TTL); a different version drops the copy and fetches the file again.  While the
+  dataset is read, a background check (revalidate.py) confirms copies *before* their
+  time runs out, in batches, so hits do not pay that check; it spends at most one source
+  request per hit.  Recovered copies are checked on first use (or by it).
+* A miss costs one request: it starts from the source's last entry of the file, however
+  old, where the fetch checks the version of the bytes itself (a local copy's fstat, an
+  http GET's headers: :meth:`Source.stat_for_fetch`); a fetch of another version starts
+  over once from a fresh stat.  A stale entry never reads through: :meth:`_current`
+  makes it current with one versioned GET kept as the file's read-through window.
+* Deletions off the reader's thread.  Evicted and dropped copies are unlinked by the
+  janitor (janitor.py); until then their bytes still count: a fill writes its first
+  byte only when ``used + reserved + pending deletions <= max_bytes``.
 * Size bound.  ``used_bytes + reserved <= max_bytes`` at every moment: a fill reserves its
-  file's size (and has the policy name its victims, evicted first) before it fetches.
+  file's size (and has the policy name its victims, evicted first) before it fetches;
+  on disk, copies still being deleted count too (above).
   Files larger than ``max_bytes`` are read through (a counted warning).
 * Free-space floor.  Below ``min_free_bytes`` free on the cache's file system (statvfs,
   minus what fills in flight will write), and after ENOSPC/EIO writing a fill (for
@@ -62,7 +74,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import heapq
 import logging
+import math
 import os
 import posixpath
 import queue
@@ -79,6 +93,7 @@ from typing import IO, Any
 
 import msgspec
 
+from metalguard.agent.cache.janitor import Janitor
 from metalguard.agent.cache.pattern import SEQUENTIAL, Pattern, PatternDetector
 from metalguard.agent.cache.policy import (
     CLASSIFY_EVERY,
@@ -87,6 +102,7 @@ from metalguard.agent.cache.policy import (
     make_policy,
 )
 from metalguard.agent.cache.readthrough import ReadThrough
+from metalguard.agent.cache.revalidate import Revalidator
 from metalguard.agent.cache.source import Entry, Source, normalize, open_source
 from metalguard.agent.cache.stats import Counters, stats_path, write_stats
 from metalguard.proto.telemetry import DatasetCache
@@ -105,7 +121,11 @@ SOURCE_RETRY_S = 5.0
 unchecked for this long before the next check."""
 READTHROUGH_BYTES = 128 * 1024 * 1024
 """Memory for the read-through windows (readthrough.py) of files the cache does not take."""
+ROOM_WAIT_S = 30.0
+"""How long a fill waits for the janitor to delete dropped copies before it writes."""
 FORMAT = 1
+BUCKETS = 256
+"""``objects/00`` .. ``objects/ff``: created once at open."""
 
 
 class _Meta(msgspec.Struct, frozen=True):
@@ -131,6 +151,16 @@ class _Object:
     refs: int = 0
     release_fd: bool = False
     dead: bool = False
+    last_read: float = 0.0
+    """When it was last read as a whole (a file access; its fill counts)."""
+    reread_s: float = math.inf
+    """The time between its last two file reads (inf: read once so far)."""
+
+    def touch(self, now: float) -> None:
+        """A file read of this copy at ``now``."""
+        if self.last_read:
+            self.reread_s = now - self.last_read
+        self.last_read = now
 
 
 @dataclass(eq=False, slots=True)
@@ -138,6 +168,39 @@ class _Fill:
     entry: Entry
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
+    changed: bool = False
+    """The source file was not the version ``entry`` names (found while fetching)."""
+    prefetch: bool = False
+    """Started by the sequential prefetch (not by a reader)."""
+
+
+_CHANGED = object()
+"""What a fill attempt answers when the file was not the version it was started with."""
+
+
+class _Sink:
+    """A fill's file, as :meth:`Source.fetch_to` writes it: the first write (or fileno,
+    for a local copy) first waits until the store's bound leaves room on disk for it
+    (dropped copies still being deleted count, janitor.py)."""
+
+    def __init__(self, f: IO[bytes], wait_for_room: Callable[[], None]) -> None:
+        self._f = f
+        self._wait = wait_for_room
+        self._ready = False
+
+    def _room(self) -> None:
+        if not self._ready:
+            self._wait()
+            self._ready = True
+
+    def write(self, data: bytes, /) -> int:
+        self._room()
+        return self._f.write(data)
+
+    def fileno(self) -> int:
+        self._room()
+        self._f.flush()
+        return self._f.fileno()
 
 
 class CacheStore:
@@ -148,7 +211,9 @@ class CacheStore:
     TTL and the stats' ``ts`` (tests inject one).  ``stats_interval_s``: when set,
     :meth:`open` starts a thread writing ``stats.json`` that often (and :meth:`close`
     writes it once more).  ``durable``: fsync each copy before its record is written
-    (power-loss safety; off: a process crash is still safe)."""
+    (power-loss safety; off: a process crash is still safe).  ``revalidate_ahead``: check
+    cached copies against the source on a thread before their TTL runs out
+    (revalidate.py; off, :meth:`revalidate` runs a pass on demand: tests)."""
 
     def __init__(
         self,
@@ -168,6 +233,7 @@ class CacheStore:
         durable: bool = True,
         readthrough_bytes: int = READTHROUGH_BYTES,
         storage_options: dict[str, Any] | None = None,
+        revalidate_ahead: bool = True,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown cache policy {policy!r} (one of {', '.join(POLICIES)})")
@@ -212,11 +278,25 @@ class CacheStore:
         self._prefetch_pool: ThreadPoolExecutor | None = None
         self._prefetch_workers = prefetch_workers
         self._prefetch_queued: set[str] = set()
+        self._currents: dict[str, threading.Event] = {}
+        """Versioned whole GETs in flight (:meth:`_current`), by path."""
         self._commits: queue.Queue[tuple[_Object, _Meta] | None] = queue.Queue()
         self._committer: threading.Thread | None = None
         self._stats_stop = threading.Event()
         self._stats_thread: threading.Thread | None = None
         self._through = ReadThrough(source, max_bytes=readthrough_bytes)
+        self._janitor = Janitor(f"mgcache-unlink-{self.dataset}")
+        self._revalidate_ahead = revalidate_ahead
+        self._revalidator: Revalidator | None = None
+        if metadata_ttl_s > 0:
+            self._revalidator = Revalidator(
+                metadata_ttl_s,
+                clock,
+                due=self._due,
+                check=self._check,
+                earned=lambda: self._counters.hits,
+                name=f"mgcache-revalidate-{self.dataset}",
+            )
         self._open = False
         self._closed = False
 
@@ -235,6 +315,9 @@ class CacheStore:
         self._tmp_dir.mkdir(exist_ok=True)
         self._objects_dir.mkdir(exist_ok=True)
         self._recover()
+        for i in range(BUCKETS):  # once, not on a miss's path
+            (self._objects_dir / f"{i:02x}").mkdir(exist_ok=True)
+        self._janitor.start()
         self._committer = threading.Thread(
             target=self._commit_loop, name=f"mgcache-commit-{self.dataset}", daemon=True
         )
@@ -249,6 +332,8 @@ class CacheStore:
                 target=self._stats_loop, name=f"mgcache-stats-{self.dataset}", daemon=True
             )
             self._stats_thread.start()
+        if self._revalidator is not None and self._revalidate_ahead:
+            self._revalidator.start()
         self._open = True
         return self
 
@@ -258,6 +343,8 @@ class CacheStore:
             return
         self._open = False
         self._closed = True
+        if self._revalidator is not None:
+            self._revalidator.stop()
         if self._prefetch_pool is not None:
             self._prefetch_pool.shutdown(wait=True, cancel_futures=True)
             self._prefetch_pool = None
@@ -275,6 +362,7 @@ class CacheStore:
                     os.close(obj.fd)
                     obj.fd = -1
             self._fds.clear()
+        self._janitor.close()
         with contextlib.suppress(OSError):
             self.write_stats()
 
@@ -445,6 +533,36 @@ class CacheStore:
         self._release(obj, obj.size if hit is not None else 0)
         return obj.data
 
+    def open_copy(self, path: str) -> tuple[int, int] | None:
+        """A new descriptor of the current cached copy of ``path`` and its size, for a
+        reader that reads it itself (the FUSE hit path: it reports its reads with
+        :meth:`note_read`, and closes the descriptor); None when ``path`` is not cached.
+        Counts no access.  The copy stays readable through it if it is evicted."""
+        key = normalize(path)
+        obj = self._hit(key, access=False)
+        if obj is None:
+            return None
+        try:
+            return os.dup(obj.fd), obj.size
+        except OSError:
+            return None
+        finally:
+            self._release(obj, 0)
+
+    def note_read(self, path: str, nbytes: int, access: bool) -> None:
+        """Count ``nbytes`` read from a copy opened with :meth:`open_copy`; with ``access``
+        (a read at offset 0) also a file read: a hit for the counters, the policy and the
+        pattern detector."""
+        key = normalize(path)
+        with self._lock:
+            self._counters.bytes_from_cache += nbytes
+            if access:
+                obj = self._objects.get(key)
+                self._counters.hits += 1
+                if obj is not None:
+                    obj.touch(self._clock())
+                    self._access_locked(key, obj.size, hit=True)
+
     def open_file(self, path: str) -> IO[bytes]:
         """A read-only file object of ``path``: the cached copy (a hit, or after a fill),
         else the source's file (read through).  One access; its bytes are counted as the
@@ -518,6 +636,7 @@ class CacheStore:
         if access:
             if hit:
                 self._counters.hits += 1
+            obj.touch(self._clock())
             self._access_locked(obj.key, obj.size, hit)
         return obj
 
@@ -584,11 +703,72 @@ class CacheStore:
 
     def _miss(self, key: str, access: bool, prefetch: bool = False) -> _Object | Entry:
         """Fill ``key`` (or wait for the fill in flight) and return its copy, acquired;
-        or its source entry: read it through."""
-        entry = self.source.stat(key)
+        or its current source entry: read it through.
+
+        It starts from the source's last entry of the file, however old
+        (:meth:`Source.stat_for_fetch`: no metadata round trip where the fetch checks the
+        version itself); a fetch that finds another version starts over once from a
+        fresh :meth:`Source.stat`.  An entry answered for reading through is always
+        current (:meth:`_current`)."""
+        entry = self.source.stat_for_fetch(key)
         if entry.is_dir:
             raise IsADirectoryError(key)
         self._learn_order(key)
+        found = self._miss_once(key, entry, access, prefetch)
+        if found is _CHANGED:
+            entry = self.source.stat(key)  # knows the version the fetch saw: no round trip
+            if entry.is_dir:
+                raise IsADirectoryError(key)
+            found = self._miss_once(key, entry, False, prefetch)
+            if found is _CHANGED:  # changing under us: read it through
+                return self._current(key, self.source.stat(key), prefetch)
+        if isinstance(found, Entry):
+            if prefetch and key in self._objects:  # filled meanwhile: nothing to read
+                return found
+            return self._current(key, found, prefetch)
+        assert isinstance(found, _Object)
+        return found
+
+    def _current(self, key: str, entry: Entry, prefetch: bool) -> Entry:
+        """``entry`` if it is fresh, else the file's current entry: one whole GET with its
+        version where the source can (kept as the file's read-through window: the read
+        that follows costs nothing more), else a fresh :meth:`Source.stat`.  One such GET
+        per file at a time: a reader that catches up with the prefetch of its file (or
+        another reader) waits for that GET and reads its window."""
+        if self.source.is_fresh(entry):
+            return entry
+        if entry.size > self._through.whole_bytes:
+            return self.source.stat(key)
+        with self._lock:
+            pending = self._currents.get(key)
+            if pending is None:
+                self._currents[key] = threading.Event()
+        if pending is not None:
+            pending.wait()
+            known = self.source.known(key)
+            if known is not None and self.source.is_fresh(known):
+                return known  # the GET just made: its window holds the file
+            return self.source.stat(key)
+        try:
+            got = self.source.read_current(key, limit=self._through.whole_bytes)
+            if got is None:
+                return self.source.stat(key)
+            data, seen = got
+            self._through.adopt(seen, data)
+            with self._lock:
+                self._note_locked(seen)
+                self._counters.bytes_from_source += len(data)
+                if prefetch:
+                    self._counters.prefetched += 1
+            return seen
+        finally:
+            with self._lock:
+                done = self._currents.pop(key)
+            done.set()
+
+    def _miss_once(self, key: str, entry: Entry, access: bool, prefetch: bool) -> object:
+        """One attempt of :meth:`_miss` with ``entry``: the copy (acquired), an Entry (read
+        it through), or _CHANGED (the file is not that version)."""
         while True:
             free = self._free_bytes()
             victims: list[_Object] = []
@@ -607,19 +787,21 @@ class CacheStore:
                         self._access_locked(key, entry.size, hit=False)
                     why = self._admit_locked(key, entry, free, victims, quiet=not access)
                     if why is None:
-                        fill = _Fill(entry)
+                        fill = _Fill(entry, prefetch=prefetch)
                         self._fills[key] = fill
                         self._reserved += entry.size
                     elif why and access:
                         self._counters.passthrough_reads += 1
-            for victim in victims:  # out of the table already: no reader can reach them
-                _unlink(victim.data.with_name(victim.data.name + ".meta"), victim.data)
+                for victim in victims:  # out of the table already: no reader can reach them
+                    self._discard_locked(victim)
             if mine:
                 if fill is None:
                     return entry
                 break
             assert fill is not None
             fill.done.wait()
+            if fill.changed:
+                return _CHANGED
             if prefetch:
                 return entry
             if not fill.ok:
@@ -629,7 +811,7 @@ class CacheStore:
                 return entry
         obj = self._fill(key, fill)
         if obj is None:
-            return entry
+            return _CHANGED if fill.changed else entry
         self._through.forget(key)
         if prefetch:
             with self._lock:
@@ -688,14 +870,18 @@ class CacheStore:
         try:
             try:
                 with open(tmp, "wb") as f:
-                    copied = self.source.fetch_to(key, f, entry)
+                    sink = _Sink(f, lambda: self._wait_for_room(key))
+                    copied = self.source.fetch_to(key, sink, entry)
                 if copied != entry.size:
-                    log.info("%s changed while it was fetched: reading through", key)
-                    self.source.invalidate(key)
+                    log.info("%s is not the version it was fetched as: asking again", key)
+                    fill.changed = True
                     tmp.unlink(missing_ok=True)
                     return None
-                final.parent.mkdir(exist_ok=True)
-                os.rename(tmp, final)
+                try:
+                    os.rename(tmp, final)
+                except FileNotFoundError:  # its bucket was removed from outside
+                    final.parent.mkdir(exist_ok=True)
+                    os.rename(tmp, final)
             except OSError as e:
                 tmp.unlink(missing_ok=True)
                 if _is_local_error(e, tmp):
@@ -712,6 +898,8 @@ class CacheStore:
                 data=final,
                 checked_until=self._clock() + self.metadata_ttl_s,
             )
+            if not fill.prefetch:
+                obj.touch(self._clock())  # the miss that filled it read it
             meta = _Meta(
                 path=key,
                 size=entry.size,
@@ -788,7 +976,70 @@ class CacheStore:
         if why:
             log.info("cache %s: dropped %s (%s)", self.dataset, obj.key, why)
         if unlink:
-            _unlink(obj.data.with_name(obj.data.name + ".meta"), obj.data)
+            self._discard_locked(obj)
+
+    def _discard_locked(self, obj: _Object) -> None:
+        """Have the janitor delete a dropped copy's files (its bytes count against the
+        bound until they are gone)."""
+        self._janitor.discard((obj.data.with_name(obj.data.name + ".meta"), obj.data), obj.size)
+
+    def _wait_for_room(self, key: str) -> None:
+        """Before a fill's first write: wait until the bytes of copies still being deleted
+        fit beside what is cached and reserved (ENOSPC, a disk problem, after
+        ROOM_WAIT_S)."""
+
+        def ready(pending: int) -> bool:
+            return self._used + self._reserved + pending <= self.max_bytes
+
+        if not self._janitor.wait(ready, ROOM_WAIT_S):
+            raise OSError(
+                errno.ENOSPC,
+                f"dropped copies not deleted within {ROOM_WAIT_S:g} s: no room to fill {key}",
+                str(self._tmp_dir),
+            )
+
+    # -- the background check (revalidate.py) -------------------------------------------
+
+    def revalidate(self) -> int:
+        """One pass of the background check now (what its thread does every interval):
+        the copies it checked; 0 with a TTL of 0."""
+        return 0 if self._revalidator is None else self._revalidator.run_once()
+
+    def _due(self, horizon: float, limit: int) -> list[str]:
+        """Up to ``limit`` cached copies trusted only until ``horizon`` or less, soonest
+        first.  Where each check is a request of its own (http), only copies re-read
+        within a TTL last time: a copy read less often would need more checks ahead than
+        its reads (it is checked when read instead); a listing confirms a directory's
+        copies at once, so there every copy is due."""
+        every = self.source.versioned_listings
+        ttl = self.metadata_ttl_s
+        with self._lock:
+            due = [
+                (o.checked_until, k)
+                for k, o in self._objects.items()
+                if o.checked_until <= horizon and (every or o.reread_s <= ttl)
+            ]
+        return [k for _, k in heapq.nsmallest(limit, due)]
+
+    def _check(self, keys: list[str], started: float) -> int:
+        """Ask the source for ``keys`` (and, with a listing, their siblings) and apply the
+        answers: a copy of the same version is trusted until ``started`` + the TTL, a
+        changed or vanished file's copy is dropped.  Returns the requests it cost."""
+        answers = self.source.check(keys)
+        until = started + self.metadata_ttl_s
+        with self._lock:
+            for key, entry in answers.items():
+                obj = self._objects.get(key)
+                if entry is None:
+                    if obj is not None:
+                        self._drop_locked(obj, "gone from the source")
+                    continue
+                self._note_locked(entry)  # drops a copy of another version
+                if obj is not None and self._objects.get(key) is obj:
+                    obj.checked_until = max(obj.checked_until, until)
+        if self.source.versioned_listings:
+            return len({posixpath.dirname(k) for k in keys})
+        return len(keys)
 
     # -- the committer ------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "cache_bench.py"
 ROW = re.compile(
-    r"^(shuffle|skewed|sequential)\s+(-|\d+%)\s+(direct|lru|pin|auto)\s+(\d)\s+"
+    r"^(shuffle|skewed|sequential)\s+(-|\d+%)\s+(direct|direct-end|lru|pin|auto)\s+(\d)\s+"
     r"(-|[\d.]+%)\s+[\d,]+\s+[\d.]+\s+[\d,]+\s+[\d.]+\s+\d+\s+(\d+)$"
 )
 
@@ -37,10 +37,10 @@ def test_cache_bench_quick_prints_its_lines(tmp_path: Path) -> None:
 
     rows = [m.groups() for line in out.splitlines() if (m := ROW.match(line))]
     configs = {(p, size, policy) for p, size, policy, *_ in rows}
-    expected = {
-        ("shuffle", "-", "direct"),
-        ("skewed", "-", "direct"),
-        ("sequential", "-", "direct"),
+    expected = {  # each pattern's direct baseline, first and again last
+        (pat, "-", direct)
+        for pat in ("shuffle", "skewed", "sequential")
+        for direct in ("direct", "direct-end")
     }
     expected |= {("shuffle", s, p) for s in ("25%", "50%", "75%") for p in ("lru", "pin", "auto")}
     expected |= {
@@ -49,7 +49,7 @@ def test_cache_bench_quick_prints_its_lines(tmp_path: Path) -> None:
     assert configs == expected, out
     assert len(rows) == 3 * len(expected), "3 epochs each"
     assert all(bad == "0" for *_, bad in rows), "every byte read equals the source's"
-    assert all(hit == "-" for _, _, policy, _, hit, _ in rows if policy == "direct")
+    assert all(hit == "-" for _, _, policy, _, hit, _ in rows if policy.startswith("direct"))
     assert out.count("    listing ") == len(expected)
     assert re.search(r"^    listing .*; policy pin \(auto: shuffled -> pin", out, re.M), out
 
@@ -57,6 +57,7 @@ def test_cache_bench_quick_prints_its_lines(tmp_path: Path) -> None:
         r"^hit ratio pin/lru epochs 2-3 at 50%: ([\d.]+x|inf) \(goal >= 3x\)$", out, re.M
     )
     assert re.search(r"^mean latency cache/direct: [\d.]+ \(goal <= 0\.4; ", out, re.M), out
+    assert re.search(r"mean latency cache/direct \(direct [\d.]+ ms: [\d.]+ first, ", out), out
     assert re.search(r"^FUSE hits, 4 readers: ([\d.]+ GB/s \(goal >= 1;|skipped \(.+\))", out, re.M)
     assert re.search(
         r"^fsspec hits / local disk: ([\d.]+ \(goal >= 0\.7;|skipped \(.+\))", out, re.M

@@ -19,6 +19,7 @@ import pytest
 from metalguard.agent.cache import source as source_module
 from metalguard.agent.cache.source import SourceError, open_source
 from metalguard.agent.cache.store import CacheStore
+from tests.clock import ManualClock
 
 DEADLINE_S = 30.0
 
@@ -224,3 +225,118 @@ def test_a_missing_http_source_is_refused(served):
     url, _, _ = served
     with pytest.raises(SourceError, match="no such directory"):
         open_source(url + "missing/")
+
+
+def _delta(counts: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in counts.items() if v != before.get(k, 0)}
+
+
+def _bump(path: Path, data: bytes) -> None:
+    """Rewrite ``path`` with ``data`` and move its mtime on (its ETag changes with it)."""
+    st = path.stat()
+    path.write_bytes(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+
+
+def test_a_miss_after_the_ttl_is_one_get_whose_version_is_the_heads(served, tmp_path):
+    url, root, counts = served
+    files = make_files(root, 6)
+    clock = ManualClock()
+    with CacheStore(
+        url, tmp_path / "cache", 1 << 20, metadata_ttl_s=30.0, min_free_bytes=0, clock=clock,
+        revalidate_ahead=False,
+    ) as store:  # fmt: skip
+        store.listdir("train")
+        clock.now += 31  # every entry is stale
+        before = dict(counts)
+        assert store.read("train/001.bin", 0, 1 << 20) == files["train/001.bin"]
+        assert _delta(counts, before) == {"GET": 1, "GET /ds/train/001.bin": 1}
+        seen = store.stat("train/001.bin")  # the GET's, remembered: no request
+        assert _delta(counts, before) == {"GET": 1, "GET /ds/train/001.bin": 1}
+        assert store.source.check(["train/001.bin"]) == {"train/001.bin": seen}  # a HEAD
+        info = store.source.fs.info(store.source.full_path("train/001.bin"))  # fsspec's
+        assert store.source._entry("train/001.bin", info).version == seen.version
+        # a file changed since its entry was seen: the GET tells, the miss asks again
+        _bump(root / "train/002.bin", files["train/002.bin"] + b"more")
+        assert store.read("train/002.bin", 0, 1 << 20) == files["train/002.bin"] + b"more"
+        assert store.stats().cached_files == 2
+
+
+def test_a_read_through_after_the_ttl_is_one_get_of_the_current_version(served, tmp_path):
+    url, root, counts = served
+    files = make_files(root, 6)
+    clock = ManualClock()
+    with CacheStore(
+        url,
+        tmp_path / "cache",
+        10,
+        metadata_ttl_s=30.0,
+        min_free_bytes=0,
+        clock=clock,
+        revalidate_ahead=False,
+    ) as store:  # fmt: skip  (every file is larger than the cache: read through)
+        store.listdir("train")
+        clock.now += 31
+        before = dict(counts)
+        data = files["train/003.bin"]
+        assert store.read("train/003.bin", 0, 1000) == data[:1000]
+        assert store.read("train/003.bin", 1000, 1 << 20) == data[1000:]
+        assert _delta(counts, before) == {"GET": 1, "GET /ds/train/003.bin": 1}
+        longer = data + b"and a tail"
+        _bump(root / "train/003.bin", longer)
+        clock.now += 31
+        assert store.read("train/003.bin", 0, 1 << 20) == longer
+        assert store.stats().cached_files == 0
+
+
+def test_the_background_check_over_http_sends_heads_and_drops_a_changed_copy(served, tmp_path):
+    url, root, counts = served
+    files = make_files(root, 3)
+    clock = ManualClock()
+    with CacheStore(
+        url, tmp_path / "cache", 1 << 20, metadata_ttl_s=30.0, min_free_bytes=0, clock=clock,
+        revalidate_ahead=False,
+    ) as store:  # fmt: skip
+        names = sorted(p for p in files if p.startswith("train/"))
+        for path in names * 2:  # misses, then hits (which earn the background check)
+            assert store.read(path, 0, 1 << 20) == files[path]
+        new = bytes(reversed(files[names[0]]))  # the same size: the ETag tells
+        _bump(root / names[0], new)
+        clock.now += 25
+        before = dict(counts)
+        assert store.revalidate() == len(names)
+        assert _delta(counts, before) == {"HEAD": len(names)}
+        assert store.stats().cached_files == len(names) - 1
+        clock.now += 10  # past the fills' TTL: the others are hits without a request
+        before = dict(counts)
+        for path in names[1:]:
+            assert store.read(path, 0, 1 << 20) == files[path]
+        assert _delta(counts, before) == {}
+        assert store.read(names[0], 0, 1 << 20) == new
+
+
+def test_a_sequential_reader_behind_its_prefetch_fetches_each_file_once(served, tmp_path):
+    """Past the TTL, a read-through and the prefetch of the same file share one GET."""
+    url, root, counts = served
+    files = make_files(root, 120)
+    names = sorted(p for p in files if p.startswith("train/"))
+    clock = ManualClock()
+    with CacheStore(
+        url,
+        tmp_path / "cache",
+        10,
+        "pin",
+        metadata_ttl_s=30.0,
+        min_free_bytes=0,
+        clock=clock,
+        revalidate_ahead=False,
+        prefetch_depth=4,
+    ) as store:  # fmt: skip  (nothing fits: every file is read through)
+        store.listdir("train")
+        clock.now += 31  # every entry stale: each read-through is a versioned GET
+        for path in names:
+            assert store.read(path, 0, 1 << 20) == files[path]
+        assert store.pattern.kind == "sequential"
+        assert store.stats().prefetched > 0
+        gets = {k: v for k, v in counts.items() if k.startswith("GET /ds/train/")}
+        assert max(gets.values()) == 1, {k: v for k, v in gets.items() if v > 1}

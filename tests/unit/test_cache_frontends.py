@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import stat
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +34,7 @@ try:
     import mfusepy
 
     from metalguard.agent.cache.fusefs import (
+        MAX_READ,
         STATS_NAME,
         XATTR_INFO,
         XATTR_PATH,
@@ -268,6 +270,9 @@ class FakeStore:
         }
         self.cache_dir = tmp_path
         self.fail: Exception | None = None
+        self.copies: dict[str, Path] = {}
+        """Files with a cached copy (open_copy answers a descriptor of it)."""
+        self.noted: list[tuple[str, int, bool]] = []
 
     def stat(self, path: str) -> Entry:
         if path in ("", "d"):
@@ -297,6 +302,13 @@ class FakeStore:
     def stats(self) -> DatasetCache:
         return _figures(max_bytes=8192, used_bytes=4096, cached_files=1)
 
+    def open_copy(self, path: str) -> tuple[int, int] | None:
+        copy = self.copies.get(path)
+        return None if copy is None else (os.open(copy, os.O_RDONLY), copy.stat().st_size)
+
+    def note_read(self, path: str, nbytes: int, access: bool) -> None:
+        self.noted.append((path, nbytes, access))
+
 
 def _fi(flags: int = os.O_RDONLY) -> SimpleNamespace:
     return SimpleNamespace(flags=flags, fh=0, keep_cache=0, direct_io=0)
@@ -322,8 +334,10 @@ def test_fuse_metadata(tmp_path: Path) -> None:
     assert root["st_nlink"] == 2
     a = fs.getattr("/a.bin")
     assert (a["st_size"], a["st_mode"] & 0o777, a["st_mtime"]) == (3, 0o444, 1_000_000_000)
-    assert fs.readdir("/", 0) == [".", "..", "a.bin", "d"]
-    assert fs.readdir("/d", 0) == [".", "..", "b.bin"]
+    assert [name for name, _, _ in fs.readdir("/", 0)] == [".", "..", "a.bin", "d"]
+    assert [name for name, _, _ in fs.readdir("/d", 0)] == [".", "..", "b.bin"]
+    types = {name: attrs["st_mode"] for name, attrs, _ in fs.readdir("/", 0)}
+    assert (types["d"], types["a.bin"]) == (stat.S_IFDIR, stat.S_IFREG)  # d_type
     assert _errno(fs.getattr, "/nope") == errno.ENOENT
     assert _errno(fs.getattr, "/../etc") == errno.ENOENT
     assert _errno(fs.readdir, "/nope", 0) == errno.ENOENT
@@ -362,7 +376,7 @@ def test_fuse_read_errors(tmp_path: Path) -> None:
 @needs_libfuse
 def test_fuse_stats_file(tmp_path: Path) -> None:
     fs, _ = _fs(tmp_path)
-    assert STATS_NAME not in fs.readdir("/", 0)
+    assert STATS_NAME not in [name for name, _, _ in fs.readdir("/", 0)]
     size = fs.getattr("/" + STATS_NAME)["st_size"]
     fi = _fi()
     fs.open("/" + STATS_NAME, fi)
@@ -397,6 +411,20 @@ def test_fuse_options_bound_the_kernel_caching_by_the_ttl() -> None:
     assert (opts["attr_timeout"], opts["entry_timeout"], opts["ro"]) == (0.0, 0.0, True)
     assert opts["fsname"] == "mgcache:ds"
     assert opts["allow_other"] is True
+    assert opts["max_read"] == MAX_READ
+
+
+@needs_libfuse
+def test_init_asks_for_splice_and_the_mount_options_read_size(tmp_path: Path) -> None:
+    # libfuse refuses a session whose INIT max_read differs from the mount option's, and
+    # splices a reply only when it fits its pipe (1 MiB by default): 512 KiB fits
+    fs, _ = _fs(tmp_path)
+    conn = mfusepy.fuse_conn_info()
+    conn.capable = (1 << 7) | (1 << 8) | 1
+    fs.init_with_config(conn, None)
+    assert conn.max_read == MAX_READ == fuse_options("ds", 1.0)["max_read"]
+    assert conn.want == (1 << 7) | (1 << 8)  # splice write and move: nothing else asked
+    assert MAX_READ + 4 * 4096 <= 1 << 20
 
 
 # -- the mountpoint ------------------------------------------------------------------------------
@@ -472,3 +500,59 @@ def test_the_mgcache_protocol_is_registered() -> None:
     from metalguard.agent.cache.fsspec_fs import MGCacheFileSystem
 
     assert fsspec.get_filesystem_class("mgcache") is MGCacheFileSystem
+
+
+@needs_libfuse
+def test_fuse_read_buf_answers_a_descriptor_for_a_cached_copy(tmp_path: Path) -> None:
+    """A cached file's reads are answered as (descriptor, offset, size) buffers that
+    libfuse reads itself; any other read as a memory buffer of the bytes."""
+    import ctypes
+
+    from metalguard.agent.cache import fusefs
+
+    fs, store = _fs(tmp_path)
+    copy = tmp_path / "copy"
+    copy.write_bytes(b"abc")
+    store.copies["a.bin"] = copy
+
+    def answer(path: str, size: int, offset: int, fi: Any) -> Any:
+        slot = ctypes.c_void_p()
+        assert fs.read_buf(path, ctypes.pointer(slot), size, offset, fi) == 0
+        vec = fusefs._FuseBufvec.from_address(slot.value)
+        buf = vec.buf[0]
+        out = (vec.count, buf.size, buf.flags, buf.fd, buf.pos, buf.mem)
+        data = ctypes.string_at(buf.mem, buf.size) if buf.mem else None
+        if buf.mem:
+            fusefs._free(buf.mem)
+        fusefs._free(slot.value)
+        return out, data
+
+    fi = _fi()
+    fs.open("/a.bin", fi)
+    assert fi.fh != 0
+    (count, size, flags, fd, pos, mem), _ = answer("/a.bin", 1 << 17, 0, fi)
+    assert (count, size, pos, mem) == (1, 3, 0, None)
+    assert flags & fusefs._BUF_IS_FD
+    assert flags & fusefs._BUF_FD_SEEK
+    assert os.pread(fd, 10, 0) == b"abc"  # the open copy's descriptor
+    (_, size, _, _, pos, _), _ = answer("/a.bin", 2, 1, fi)
+    assert (size, pos) == (2, 1)
+    (_, size, _, _, _, _), _ = answer("/a.bin", 10, 5, fi)
+    assert size == 0  # past the end
+    assert store.noted == [("a.bin", 3, True)]  # the file read; later bytes at release
+    fs.release("/a.bin", fi)
+    assert store.noted[-1] == ("a.bin", 2, False)
+    with pytest.raises(OSError, match="Bad file descriptor"):  # the descriptor is closed
+        os.fstat(fd)
+
+    other = _fi()
+    fs.open("/d/b.bin", other)  # not cached: memory buffers of the store's bytes
+    assert other.fh == 0
+    (count, size, flags, fd, _, mem), data = answer("/d/b.bin", 10, 0, other)
+    assert (count, size, flags, data) == (1, 1, 0, b"x")
+    stats = _fi()
+    fs.open("/" + STATS_NAME, stats)
+    (_, size, flags, _, _, _), data = answer("/" + STATS_NAME, 1 << 20, 0, stats)
+    assert flags == 0
+    assert data is not None
+    assert msgspec.json.decode(data, type=DatasetCache).cached_files == 1

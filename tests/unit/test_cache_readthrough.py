@@ -151,3 +151,25 @@ def test_a_failed_fetch_is_retried_by_the_next_read(counted, monkeypatch):
     assert rt.buffered_bytes == 0
     fail["on"] = False
     assert rt.read(entry, 0, 100) == (b"x" * 100, 500)
+
+
+def test_an_adopted_file_serves_the_reads_that_follow(counted):
+    """A file the store fetched whole itself (a versioned GET) becomes its window; only a
+    read naming that version is answered from it, and the memory bound holds."""
+    source, reads, root = counted
+    data = random.Random(7).randbytes(30_000)
+    (root / "f").write_bytes(data)
+    rt = ReadThrough(source, max_bytes=50_000, whole_bytes=40_000, window_bytes=10_000)
+    entry = source.stat("f")
+    rt.adopt(entry, data)
+    assert chunks(rt, source, "f", 4096) == data
+    assert reads == []
+    assert rt.buffered_bytes == 30_000
+    rt.adopt(entry, data[:-1])  # not the whole file: not kept
+    rt.adopt(source.stat("f"), data)
+    assert rt.buffered_bytes == 30_000
+    (root / "g").write_bytes(data)
+    rt.adopt(source.stat("g"), data)  # past max_bytes: the older window goes
+    assert rt.buffered_bytes == 30_000
+    assert chunks(rt, source, "g", 4096) == data
+    assert reads == []

@@ -3,11 +3,13 @@ fsspec's memory://; every read is checked byte for byte against the source."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
 import random
 import threading
+import time as time_module
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from metalguard.agent.cache import janitor as janitor_module
 from metalguard.agent.cache import store as store_module
 from metalguard.agent.cache.source import Entry, Source, SourceError, normalize, open_source
 from metalguard.agent.cache.stats import read_stats
@@ -136,19 +139,28 @@ def test_the_size_bound_holds_through_a_random_workload_with_evictions(src, tmp_
     max_bytes = 12_000
     for policy in ("lru", "pin", "auto"):
         with new_store(str(root), tmp_path / policy, max_bytes=max_bytes, policy=policy) as store:
-            for _ in range(300):
+            for step in range(300):
                 path = rng.choice(sorted(files))
                 data = files[path]
                 offset = rng.choice([0, 0, rng.randrange(len(data))])
                 size = rng.randint(1, 3000)
                 assert store.read(path, offset, size) == data[offset : offset + size]
                 assert store.used_bytes <= max_bytes
-            on_disk = sum(
-                f.stat().st_size
-                for f in (tmp_path / policy / "cache" / "objects").rglob("*")
-                if f.is_file() and f.suffix != ".meta"
-            )
-            assert on_disk == store.used_bytes <= max_bytes
+                if step % 10 == 0:  # evicted copies are deleted in the background: in bound
+                    assert data_bytes(tmp_path / policy / "cache") <= max_bytes
+            used = store.used_bytes
+        assert data_bytes(tmp_path / policy / "cache") == used <= max_bytes
+
+
+def data_bytes(cache_dir: Path) -> int:
+    """Bytes of the data files under ``cache_dir`` (copies, fills, copies being deleted)."""
+    total = 0
+    for sub in ("objects", "tmp"):
+        for f in (cache_dir / sub).rglob("*"):
+            with contextlib.suppress(FileNotFoundError):
+                if f.is_file() and f.suffix not in (".meta", ".tmp"):
+                    total += f.stat().st_size
+    return total
 
 
 def test_concurrent_readers_of_one_missing_file_share_one_fetch(src, tmp_path, monkeypatch):
@@ -158,9 +170,9 @@ def test_concurrent_readers_of_one_missing_file_share_one_fetch(src, tmp_path, m
     fetches = []
     stats_seen = threading.Semaphore(0)
     gate = threading.Event()
-    real_fetch, real_stat = source.fetch_to, source.stat
+    real_fetch, real_stat = source.fetch_to, source.stat_for_fetch
 
-    def counting_stat(path):
+    def counting_stat(path):  # a miss looks its file up with stat_for_fetch
         entry = real_stat(path)
         if path == "train/0001.bin":
             stats_seen.release()
@@ -171,7 +183,7 @@ def test_concurrent_readers_of_one_missing_file_share_one_fetch(src, tmp_path, m
         assert gate.wait(DEADLINE_S), "the gate was never opened"
         return real_fetch(path, dest, entry)
 
-    monkeypatch.setattr(source, "stat", counting_stat)
+    monkeypatch.setattr(source, "stat_for_fetch", counting_stat)
     monkeypatch.setattr(source, "fetch_to", gated_fetch)
     with new_store(source, tmp_path) as store:
         results: list[bytes] = []
@@ -696,3 +708,164 @@ def test_normalize_and_entries():
     with pytest.raises(ValueError, match="NUL"):
         normalize("a\x00b")
     assert Entry("a", "a", False, 3, 1.5, "e").version == (3, 1.5, "e")
+
+
+# -- checks off the read path: the background check, misses without a metadata round trip
+
+
+def test_copies_are_checked_in_the_background_before_their_ttl_runs_out(src, tmp_path):
+    root, files = src
+    clock = ManualClock()
+    with new_store(
+        str(root), tmp_path, clock=clock, metadata_ttl_s=30.0, revalidate_ahead=False
+    ) as store:
+        for _ in range(2):  # misses, then hits (each hit earns the check one request)
+            for path, data in files.items():
+                assert store.read(path, 0, 1 << 20) == data
+        assert store.revalidate() == 0  # 30 s of trust left: nothing due
+        clock.now += 25  # within the last quarter of the TTL
+        trips = store.source.round_trips
+        assert store.revalidate() == len(files)
+        assert store.source.round_trips == trips + 2  # one listing per directory
+        clock.now += 10  # past the fill's TTL: no read pays a check
+        trips = store.source.round_trips
+        for path, data in files.items():
+            assert store.read(path, 0, 1 << 20) == data
+        assert store.source.round_trips == trips
+        assert store.stats().hits == 2 * len(files)
+
+
+def test_the_background_check_drops_changed_and_vanished_copies(src, tmp_path):
+    root, files = src
+    clock = ManualClock()
+    with new_store(
+        str(root), tmp_path, clock=clock, metadata_ttl_s=30.0, revalidate_ahead=False
+    ) as store:
+        for path in ("train/0002.bin", "train/0003.bin") * 2:  # misses, then hits
+            assert store.read(path, 0, 1 << 20) == files[path]
+        changed = root / "train/0002.bin"
+        new = bytes(reversed(files["train/0002.bin"]))  # the same size, another mtime
+        changed.write_bytes(new)
+        os.utime(changed, (1_700_000_000, 1_700_000_000))
+        (root / "train/0003.bin").unlink()
+        clock.now += 25
+        assert store.revalidate() == 2
+        assert store.stats().cached_files == 0
+        assert store.read("train/0002.bin", 0, 1 << 20) == new
+        with pytest.raises(FileNotFoundError):
+            store.read("train/0003.bin", 0, 10)
+
+
+def test_the_background_check_spends_what_hits_earn(src, tmp_path):
+    """Each hit earns one source request; misses earn nothing; an idle cache asks the
+    source nothing."""
+    root, files = src
+    clock = ManualClock()
+    with new_store(
+        str(root), tmp_path, clock=clock, metadata_ttl_s=30.0, revalidate_ahead=False
+    ) as store:
+        store.read("train/0001.bin", 0, 10)  # a miss
+        store.read("train/0002.bin", 0, 10)
+        clock.now += 25
+        assert store.revalidate() == 0  # no hit yet: no budget
+        store.read("train/0001.bin", 0, 10)  # a hit: one request
+        assert store.revalidate() == 1  # its directory's listing (confirms 0002 too)
+        trips = store.source.round_trips
+        for _ in range(3):
+            clock.now += 25
+            assert store.revalidate() == 0
+        assert store.source.round_trips == trips
+        clock.now += 10  # expired: the read checks inline, as without the thread
+        assert store.read("train/0001.bin", 0, 1 << 20) == files["train/0001.bin"]
+        assert store.source.round_trips == trips + 1
+
+
+def test_the_background_thread_keeps_hits_free_of_checks(src, tmp_path):
+    """With the thread (the default), copies read all the time seldom fall due in a read:
+    over three TTLs, without it every file would be checked inline three times."""
+    root, files = src
+    with new_store(str(root), tmp_path, metadata_ttl_s=1.0) as store:
+        for path, data in files.items():
+            assert store.read(path, 0, 1 << 20) == data
+        inline = 0
+        real_stat = store.source.stat
+
+        def counting_stat(path: str) -> Entry:
+            nonlocal inline
+            inline += 1
+            return real_stat(path)
+
+        store.source.stat = counting_stat  # type: ignore[method-assign]
+        deadline = time_module.monotonic() + 3.0
+        while time_module.monotonic() < deadline:
+            for path, data in files.items():
+                assert store.read(path, 0, 1 << 20) == data
+            time_module.sleep(0.02)
+        assert store._revalidator is not None
+        assert store._revalidator.checked >= 2 * len(files)
+        assert inline < len(files), inline  # most checks were the thread's
+
+
+def test_a_miss_after_the_ttl_costs_no_metadata_round_trip(src, tmp_path):
+    root, files = src
+    clock = ManualClock()
+    with new_store(
+        str(root), tmp_path, clock=clock, metadata_ttl_s=30.0, revalidate_ahead=False
+    ) as store:
+        store.listdir("train")
+        clock.now += 31  # the listing is stale
+        trips = store.source.round_trips
+        assert store.read("train/0003.bin", 0, 1 << 20) == files["train/0003.bin"]
+        assert store.source.round_trips == trips  # the copy's fstat checked the version
+        # a file changed since the listing: the fetch notices, asks again, reads it anew
+        path = root / "train/0004.bin"
+        new = files["train/0004.bin"] + b"longer"
+        path.write_bytes(new)
+        os.utime(path, (1_700_000_000, 1_700_000_000))
+        assert store.read("train/0004.bin", 0, 1 << 20) == new
+        assert store.source.round_trips == trips + 1  # one re-listing
+        assert store.stats().used_bytes == len(files["train/0003.bin"]) + len(new)
+        # and one removed since: not found, not served
+        (root / "train/0005.bin").unlink()
+        with pytest.raises(FileNotFoundError):
+            store.read("train/0005.bin", 0, 10)
+
+
+def test_evicted_copies_are_deleted_off_the_readers_thread(src, tmp_path, monkeypatch):
+    """A miss that evicts leaves the unlinking to the janitor; a fill waits for it only
+    when the bytes still on disk would not leave room (the bound holds on disk)."""
+    root, files = src
+    unlinked: list[str] = []
+    gate = threading.Event()
+    real_unlink = os.unlink
+
+    def slow_unlink(path: Any, *a: Any, **kw: Any) -> None:
+        if threading.current_thread().name.startswith("mgcache-unlink"):
+            assert gate.wait(DEADLINE_S)
+            unlinked.append(str(path))
+        real_unlink(path, *a, **kw)
+
+    monkeypatch.setattr(janitor_module.os, "unlink", slow_unlink)
+    names = sorted(p for p in files if p.startswith("train/"))
+    sizes = [len(files[p]) for p in names]
+    max_bytes = sum(sizes[:3])
+    with new_store(str(root), tmp_path, max_bytes=max_bytes, policy="lru") as store:
+        for path in names[:3]:
+            assert store.read(path, 0, 1 << 20) == files[path]
+        done = threading.Event()
+
+        def reader() -> None:
+            assert store.read(names[3], 0, 1 << 20) == files[names[3]]
+            done.set()
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        # the fill of names[3] evicted names[0] but may not write until it is deleted
+        wait_for(lambda: store.stats().evictions >= 1, "an eviction")
+        assert data_bytes(tmp_path / "cache") <= max_bytes
+        assert not done.wait(0.2)
+        gate.set()
+        thread.join(DEADLINE_S)
+        assert done.is_set()
+        assert unlinked  # the janitor deleted it
+        assert data_bytes(tmp_path / "cache") <= max_bytes
