@@ -518,6 +518,7 @@ def test_fuse_read_buf_answers_a_descriptor_for_a_cached_copy(tmp_path: Path) ->
     def answer(path: str, size: int, offset: int, fi: Any) -> Any:
         slot = ctypes.c_void_p()
         assert fs.read_buf(path, ctypes.pointer(slot), size, offset, fi) == 0
+        assert slot.value is not None
         vec = fusefs._FuseBufvec.from_address(slot.value)
         buf = vec.buf[0]
         out = (vec.count, buf.size, buf.flags, buf.fd, buf.pos, buf.mem)

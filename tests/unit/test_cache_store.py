@@ -20,7 +20,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from metalguard.agent.cache import janitor as janitor_module
 from metalguard.agent.cache import store as store_module
 from metalguard.agent.cache.source import Entry, Source, SourceError, normalize, open_source
 from metalguard.agent.cache.stats import read_stats
@@ -845,7 +844,7 @@ def test_evicted_copies_are_deleted_off_the_readers_thread(src, tmp_path, monkey
             unlinked.append(str(path))
         real_unlink(path, *a, **kw)
 
-    monkeypatch.setattr(janitor_module.os, "unlink", slow_unlink)
+    monkeypatch.setattr(os, "unlink", slow_unlink)  # the janitor's os: the module itself
     names = sorted(p for p in files if p.startswith("train/"))
     sizes = [len(files[p]) for p in names]
     max_bytes = sum(sizes[:3])
