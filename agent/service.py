@@ -27,7 +27,6 @@ from metalguard.agent.collection import Collection, UnknownCollectorError, resol
 from metalguard.agent.collectors.rdma import NAME as RDMA_COLLECTOR
 from metalguard.agent.config import AgentConfig, ConfigError, load_config
 from metalguard.agent.events import detect_events
-from metalguard.agent.metrics import MetricsServer
 from metalguard.agent.publisher import Publisher, publisher_settings
 from metalguard.agent.sdnotify import notify, watchdog_interval_s
 from metalguard.agent.seqstore import SeqStore
@@ -37,6 +36,7 @@ from metalguard.agent.spool import Spool, SpoolError
 if TYPE_CHECKING:
     from metalguard.agent.bmc.proxy import ProxyService
     from metalguard.agent.collectors.udev import MonitorLike
+    from metalguard.agent.metrics import MetricsServer
     from metalguard.agent.qos.reconciler import QosReconciler
     from metalguard.agent.workload.service import WorkloadService
 from metalguard.proto.base import NodeIdentity
@@ -146,6 +146,8 @@ class AgentService:
         listen = self.config.metrics.listen
         if not listen:
             return None
+        from metalguard.agent.metrics import MetricsServer  # aiohttp.web: only when serving
+
         server = MetricsServer(listen, self._publisher.stats)
         try:
             await server.start()

@@ -13,6 +13,14 @@ Errors are data, sorted into three kinds (:class:`ReadStatus`):
   the root...): worth an error entry.
 
 The reader is synchronous; a collector runs its whole scan in one worker thread.
+
+A collector that names the directories listing its devices (``watch`` in :func:`run_scan`)
+keeps what the reader learnt of the tree's shape (resolved links, listings, absent
+attributes) from one scan to the next while those listings stay the same, and on sysfs
+itself keeps its attributes' descriptors open and re-reads them with ``pread`` at offset
+0.  Anything that looks like a change (a watched listing differs, a known attribute is
+gone, a kept descriptor fails) falls back to what a fresh reader does, so readings and
+errors are the same as reading everything afresh.
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ import logging
 import os
 import posixpath
 import re
+import resource
 import stat
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +67,8 @@ _NO_DATA_ERRNOS = frozenset(
     }
 )
 _ESCAPES = "path escapes the sysfs root"
+_UNKNOWN = "\0"
+"""Not yet looked up (no path holds a NUL byte)."""
 
 
 class ReadStatus(enum.Enum):
@@ -100,6 +112,62 @@ class OsCalls:
     read: Callable[[int, int], bytes] = os.read
     close: Callable[[int], None] = os.close
     listdir: Callable[[str], list[str]] = os.listdir
+    pread: Callable[[int, int, int], bytes] = os.pread
+
+
+REFRESH_SCANS = 60
+"""A reader that keeps the tree's shape across scans still learns it afresh every this
+many scans (at a 5 s interval, every 5 minutes): an attribute added to a device that
+stayed is found then at the latest."""
+
+MAX_KEPT_FDS = 256
+"""At most this many attribute descriptors kept open per reader (and at most an eighth of
+the soft ``RLIMIT_NOFILE``); reads past it open and close as usual."""
+
+_SYSFS_TYPES = frozenset({"sysfs"})
+
+
+def mount_fs_type(path: str, mountinfo: str) -> str | None:
+    """The file-system type of the mount holding the absolute, symlink-free ``path``,
+    from ``/proc/self/mountinfo`` text (pure): the longest mount point above it."""
+    best, fs_type = -1, None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4])
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:
+            best, fs_type = len(point), right.split()[0]
+    return fs_type
+
+
+def on_sysfs(path: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """True when ``path`` is on a sysfs mount (kernfs: a descriptor of a removed
+    attribute fails with ENODEV instead of reading stale text); False when unknown."""
+    try:
+        text = mountinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    return mount_fs_type(path, text) in _SYSFS_TYPES
+
+
+def _fd_budget() -> int:
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):
+        soft = 1024
+    if soft == resource.RLIM_INFINITY:
+        return MAX_KEPT_FDS
+    return max(0, min(MAX_KEPT_FDS, soft // 8))
+
+
+def _close_fds(close: Callable[[int], None], fds: dict[str, int]) -> None:
+    for fd in fds.values():
+        with contextlib.suppress(OSError):
+            close(fd)
+    fds.clear()
 
 
 @functools.lru_cache(maxsize=8192)
@@ -141,7 +209,12 @@ class SysfsReader:
         root: Path,
         max_bytes: int = DEFAULT_MAX_BYTES,
         os_calls: OsCalls | None = None,
+        *,
+        keep_open: bool | None = None,
+        refresh_scans: int = REFRESH_SCANS,
     ) -> None:
+        """``keep_open``: keep attribute descriptors across scans (None: only on sysfs,
+        where a removed attribute's descriptor fails instead of reading stale text)."""
         if max_bytes < 1:
             raise ValueError("max_bytes must be positive")
         self.root = Path(root)
@@ -151,13 +224,70 @@ class SysfsReader:
         self._prefix = self._real_root.rstrip("/") + "/"
         self._physical: dict[str, str | None] = {}
         self._by_rel: dict[str, str | None] = {}
+        self._paths: dict[str, str | None] = {}
+        """rel -> the path opened for it (last component as is); None: outside the root."""
+        self._listings: dict[str, DirListing] = {}
+        self._dirs: set[str] = set()
+        self._resolved: dict[str, str] = {}
+        self._absent: dict[str, ReadResult] = {}
+        """Attributes found missing since the shape was last learnt."""
+        self._seen: set[str] = set()
+        """Paths read since the shape was last learnt: one of them missing is a change."""
+        self._fds: dict[str, int] = {}
+        keep = on_sysfs(self._real_root) if keep_open is None else keep_open
+        self._fd_limit = _fd_budget() if keep else 0
+        self._refresh_scans = refresh_scans
+        self._scans = 0
+        self._keep_shape = False
+        self.changed = False
+        """Set by a read that found a known attribute gone: the scan saw a stale shape."""
+        self._finalizer = weakref.finalize(self, _close_fds, self._os.close, self._fds)
+
+    @property
+    def kept_fds(self) -> int:
+        """How many attribute descriptors are open across scans now."""
+        return len(self._fds)
 
     def clear_cache(self) -> None:
-        """Forget resolved symlinks; :func:`run_scan` calls it before each scan, so a
-        hot-plugged device's links are followed afresh while one scan resolves each
-        link only once."""
+        """Forget everything learnt of the tree (links, listings, absent attributes) and
+        close kept descriptors: the next reads see the tree afresh."""
         self._physical.clear()
         self._by_rel.clear()
+        self._paths.clear()
+        self._listings.clear()
+        self._dirs.clear()
+        self._resolved.clear()
+        self._absent.clear()
+        self._seen.clear()
+        _close_fds(self._os.close, self._fds)
+        self._scans = 0
+        self._keep_shape = False
+
+    def close(self) -> None:
+        """Close the kept descriptors (the reader stays usable)."""
+        self.clear_cache()
+
+    def begin_scan(self, watch: tuple[str, ...] = ()) -> None:
+        """Start a scan.  Without ``watch``, forget the tree (each scan resolves links
+        afresh).  With it, keep the shape learnt by earlier scans while each watched
+        directory (the listing of a collector's devices) lists the same names, fewer than
+        ``refresh_scans`` scans have used it, and no read found a known attribute gone."""
+        self.changed = False
+        if not watch:
+            self.clear_cache()
+            return
+        fresh = {rel: self._list_now(rel) for rel in watch}
+        if (
+            not self._keep_shape
+            or self._scans >= self._refresh_scans
+            or any(self._listings.get(rel) != listing for rel, listing in fresh.items())
+        ):
+            self.clear_cache()
+        self._keep_shape = True
+        self._scans += 1
+        for rel, listing in fresh.items():
+            if listing.status is ReadStatus.OK:
+                self._listings[rel] = listing
 
     def display(self, rel: str) -> str:
         """The path to show in an error entry for ``rel``."""
@@ -236,10 +366,36 @@ class SysfsReader:
 
         Attributes are plain files, so the common path is one ``open(O_NOFOLLOW)``; an
         attribute that is a symlink (ELOOP) is resolved and checked against the root.
+        A kept descriptor is re-read with ``pread``; if that fails, the attribute is
+        opened afresh and that read's result is the answer.
         """
-        path = self._unresolved(rel)
+        path = self._paths.get(rel, _UNKNOWN)
+        if path is _UNKNOWN:
+            path = self._paths[rel] = self._unresolved(rel)
         if path is None:
             return ReadResult(ReadStatus.ERROR, error=_ESCAPES)
+        absent = self._absent.get(rel)
+        if absent is not None:
+            return absent
+        fd = self._fds.get(path)
+        if fd is not None:
+            kept = self._read_fd(fd, kept=True)
+            if kept is not None:
+                return kept
+            del self._fds[path]
+            with contextlib.suppress(OSError):
+                self._os.close(fd)
+        result = self._open_and_read(rel, path)
+        if result.status is ReadStatus.MISSING:
+            if path in self._seen:
+                self.changed = True
+            elif self._keep_shape:
+                self._absent[rel] = result
+        else:
+            self._seen.add(path)
+        return result
+
+    def _open_and_read(self, rel: str, path: str) -> ReadResult:
         try:
             fd = self._os.open(path, _OPEN_FLAGS | os.O_NOFOLLOW)
         except OSError as exc:
@@ -252,21 +408,37 @@ class SysfsReader:
                 fd = self._os.open(real, _OPEN_FLAGS)
             except OSError as exc2:
                 return ReadResult(_classify(exc2), error=_describe(exc2))
+        keep = False
         try:
-            return self._read_fd(fd)
+            result = self._read_fd(fd, kept=False) or ReadResult(ReadStatus.NO_DATA)
+            keep = result.ok and self._keep_shape and len(self._fds) < self._fd_limit
+            if keep:
+                self._fds[path] = fd
+            return result
         finally:
-            with contextlib.suppress(OSError):
-                self._os.close(fd)
+            if not keep:
+                with contextlib.suppress(OSError):
+                    self._os.close(fd)
 
-    def _read_fd(self, fd: int) -> ReadResult:
-        chunks: list[bytes] = []
-        total = 0
+    def _read_fd(self, fd: int, *, kept: bool) -> ReadResult | None:
+        """Read ``fd`` from offset 0 (``pread`` when kept, else ``read``), at most
+        ``max_bytes + 1`` bytes; None when a kept descriptor fails (re-open it)."""
         limit = self.max_bytes + 1
+        size = min(limit, _PAGE)
+        try:
+            chunk = self._os.pread(fd, size, 0) if kept else self._os.read(fd, size)
+        except OSError as exc:
+            return None if kept else ReadResult(_classify(exc), error=_describe(exc))
+        if len(chunk) < size:  # the common case: the whole attribute in one read
+            return ReadResult(ReadStatus.OK, chunk.decode("utf-8", "replace"))
+        chunks = [chunk]
+        total = len(chunk)
         while total < limit:
+            size = min(limit - total, _PAGE)
             try:
-                chunk = self._os.read(fd, limit - total)
+                chunk = self._os.pread(fd, size, total) if kept else self._os.read(fd, size)
             except OSError as exc:
-                return ReadResult(_classify(exc), error=_describe(exc))
+                return None if kept else ReadResult(_classify(exc), error=_describe(exc))
             if not chunk:
                 break
             chunks.append(chunk)
@@ -277,14 +449,26 @@ class SysfsReader:
             return ReadResult(
                 ReadStatus.ERROR, error=f"attribute larger than {self.max_bytes} bytes"
             )
-        return ReadResult(ReadStatus.OK, text=b"".join(chunks).decode("utf-8", "replace"))
+        return ReadResult(ReadStatus.OK, b"".join(chunks).decode("utf-8", "replace"))
 
     def read_files(self, rel_dir: str, names: Iterable[str]) -> dict[str, ReadResult]:
         """Read several attributes of one directory, keyed by file name."""
-        return {name: self.read(posixpath.join(rel_dir, name)) for name in names}
+        read = self.read
+        if not rel_dir:
+            return {name: read(name) for name in names}
+        return {name: read(f"{rel_dir}/{name}") for name in names}
 
     def listdir(self, rel: str) -> DirListing:
         """The entry names of a directory (symlinks followed), naturally sorted."""
+        known = self._listings.get(rel)
+        if known is not None:
+            return known
+        listing = self._list_now(rel)
+        if self._keep_shape and listing.status is ReadStatus.OK:
+            self._listings[rel] = listing
+        return listing
+
+    def _list_now(self, rel: str) -> DirListing:
         real = self._real(rel)
         if real is None:
             return DirListing(status=ReadStatus.ERROR, error=_ESCAPES)
@@ -300,8 +484,13 @@ class SysfsReader:
 
     def is_dir(self, rel: str) -> bool:
         """True when ``rel`` is (or links to) a directory inside the root."""
+        if rel in self._dirs:
+            return True
         real = self._real(rel)
-        return real is not None and os.path.isdir(real)
+        found = real is not None and os.path.isdir(real)
+        if found and self._keep_shape:
+            self._dirs.add(rel)
+        return found
 
     def readlink(self, rel: str) -> str | None:
         """The raw target of the symlink ``rel``, or None when it is no readable link."""
@@ -318,12 +507,16 @@ class SysfsReader:
 
         A dangling link, or one that points outside the root, gives None.
         """
+        known = self._resolved.get(rel)
+        if known is not None:
+            return known
         real = self._real(rel)
         if real is None or not os.path.exists(real):
             return None
-        if real == self._real_root:
-            return ""
-        return real[len(self._real_root.rstrip("/")) + 1 :]
+        found = "" if real == self._real_root else real[len(self._real_root.rstrip("/")) + 1 :]
+        if self._keep_shape:
+            self._resolved[rel] = found
+        return found
 
 
 STUCK_SCAN_S = 5.0
@@ -378,13 +571,27 @@ class _ScanWorker:
 _worker: _ScanWorker | None = None
 
 
-async def run_scan(scan: Callable[[SysfsReader], R], reader: SysfsReader) -> R:
+async def run_scan(
+    scan: Callable[[SysfsReader], R], reader: SysfsReader, *, watch: tuple[str, ...] = ()
+) -> R:
     """Run one collector's whole scan off the event loop (see :class:`_ScanWorker`).
 
-    Each scan starts from freshly resolved symlinks.
+    Without ``watch``, each scan starts from freshly resolved symlinks.  With it (the
+    directories listing the collector's devices), the reader keeps the tree's shape while
+    they list the same names (:meth:`SysfsReader.begin_scan`); a scan that found a known
+    attribute gone is run again on a forgotten shape, so its result is a fresh scan's.
     """
     global _worker
     if _worker is None:
         _worker = _ScanWorker()
-    reader.clear_cache()
-    return await _worker.run(scan, reader)
+
+    def scan_once(r: SysfsReader) -> R:
+        r.begin_scan(watch)
+        result = scan(r)
+        if r.changed:
+            r.clear_cache()
+            r.begin_scan(watch)
+            result = scan(r)
+        return result
+
+    return await _worker.run(scan_once, reader)

@@ -194,5 +194,5 @@ class EdacCollector:
 
     async def collect(self) -> Collected:
         """Scan the controllers off the event loop."""
-        controllers, errors = await run_scan(scan_edac, self._reader)
+        controllers, errors = await run_scan(scan_edac, self._reader, watch=(MC_DIR,))
         return Collected(field=self.field, items=tuple(controllers), errors=tuple(errors))

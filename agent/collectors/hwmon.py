@@ -228,5 +228,5 @@ class HwmonCollector:
 
     async def collect(self) -> Collected:
         """Scan the chips off the event loop."""
-        chips, errors = await run_scan(scan_hwmon, self._reader)
+        chips, errors = await run_scan(scan_hwmon, self._reader, watch=(HWMON_DIR,))
         return Collected(field=self.field, items=tuple(chips), errors=tuple(errors))

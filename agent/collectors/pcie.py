@@ -230,6 +230,6 @@ class PcieCollector:
 
     async def collect(self) -> Collected:
         """Scan the devices off the event loop, then advance the link tracker."""
-        devices, errors = await run_scan(scan_pcie, self._reader)
+        devices, errors = await run_scan(scan_pcie, self._reader, watch=(DEVICES_DIR,))
         self._links, tracked = track_links(self._links, devices)
         return Collected(field=self.field, items=tracked, errors=tuple(errors))
