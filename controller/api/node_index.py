@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import binascii
 from bisect import bisect_right
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -76,12 +75,15 @@ class Page:
 class GroupCounts:
     """Grade counts of one rack (or cluster) and how many of its nodes are cordoned."""
 
-    grades: Counter[str] = field(default_factory=Counter)
+    grades: dict[str, int] = field(default_factory=dict)
+    """Nodes per grade (a grade no node has may be 0 or absent)."""
+    nodes: int = 0
     cordoned: int = 0
 
-    @property
-    def nodes(self) -> int:
-        return sum(self.grades.values())
+    def add(self, grade: str, cordoned: bool, n: int = 1) -> None:
+        self.grades[grade] = self.grades.get(grade, 0) + n
+        self.nodes += n
+        self.cordoned += n if cordoned else 0
 
 
 def encode_cursor(handle: str) -> str:
@@ -120,59 +122,60 @@ class NodeIndex:
         return len(self._keys)
 
     def put(self, handle: str, record: NodeRecord) -> None:
-        """A record written (new or changed)."""
+        """A record written (new or changed): only the fields that changed move."""
         keys = keys_of(record)
         old = self._keys.get(handle)
         if old == keys:
-            return
+            return  # the common write: liveness fields only
+        self._keys[handle] = keys
         if old is None:
             if handle in self._gone:
                 self._gone.discard(handle)  # still in the sorted list
             else:
                 self._added.add(handle)
+            for f, values in zip(FIELDS, keys, strict=True):
+                self._bucket(f, (), values, handle)
         else:
-            self._unbucket(handle, old)
-        self._keys[handle] = keys
-        for f, values in zip(FIELDS, keys, strict=True):
-            buckets = self._buckets[f]
-            for v in values:
-                buckets.setdefault(v, set()).add(handle)
-        self._group(keys).grades[keys[0][0]] += 1
-        if "in_service" not in keys[1]:
-            self._group(keys).cordoned += 1
+            for f, was, now in zip(FIELDS, old, keys, strict=True):
+                if was != now:
+                    self._bucket(f, was, now, handle)
+            self._count(old, -1)
+        self._count(keys, 1)
 
     def drop(self, handle: str) -> None:
         """A record removed."""
         old = self._keys.pop(handle, None)
         if old is None:
             return
-        self._unbucket(handle, old)
+        for f, values in zip(FIELDS, old, strict=True):
+            self._bucket(f, values, (), handle)
+        self._count(old, -1)
         if handle in self._added:
             self._added.discard(handle)
         else:
             self._gone.add(handle)
 
-    def _group(self, keys: tuple[tuple[str, ...], ...]) -> GroupCounts:
+    def _bucket(self, f: Field, was: tuple[str, ...], now: tuple[str, ...], handle: str) -> None:
+        buckets = self._buckets[f]
+        for v in was:
+            gone = buckets[v]
+            gone.discard(handle)
+            if not gone:
+                del buckets[v]
+        for v in now:
+            into = buckets.get(v)
+            if into is None:
+                into = buckets[v] = set()
+            into.add(handle)
+
+    def _count(self, keys: tuple[tuple[str, ...], ...], n: int) -> None:
         key = (keys[2][0], keys[3][0], keys[4][0])
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = GroupCounts()
-        return group
-
-    def _unbucket(self, handle: str, keys: tuple[tuple[str, ...], ...]) -> None:
-        for f, values in zip(FIELDS, keys, strict=True):
-            buckets = self._buckets[f]
-            for v in values:
-                bucket = buckets[v]
-                bucket.discard(handle)
-                if not bucket:
-                    del buckets[v]
-        group = self._group(keys)
-        group.grades[keys[0][0]] -= 1
-        if "in_service" not in keys[1]:
-            group.cordoned -= 1
-        if not +group.grades:
-            del self._groups[(keys[2][0], keys[3][0], keys[4][0])]
+        group.add(keys[0][0], "in_service" not in keys[1], n)
+        if not group.nodes:
+            del self._groups[key]
 
     def ordered(self) -> list[str]:
         """Every handle, sorted (merging the ones added since the last call)."""
@@ -215,7 +218,9 @@ class NodeIndex:
         clusters: dict[GroupKey, GroupCounts] = {}
         for (region, cluster, _), counts in self._groups.items():
             into = clusters.setdefault((region, cluster, ""), GroupCounts())
-            into.grades.update(counts.grades)
+            for grade, n in counts.grades.items():
+                into.grades[grade] = into.grades.get(grade, 0) + n
+            into.nodes += counts.nodes
             into.cordoned += counts.cordoned
         yield from sorted(clusters.items())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Mapping
 
 import msgspec
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from metalguard.controller.api.errors import ApiError
 from metalguard.controller.api.node_index import (
     MAX_LIMIT,
+    Field,
     NodeIndex,
     NodeQuery,
     WatchedRecords,
@@ -24,10 +26,13 @@ from metalguard.proto.nodes import Grade, NodeRecord
 
 
 def rec(
-    cluster: str, node: str, grade: Grade = "HEALTHY", rack: str = "k1", **kw: bool
+    cluster: str, node: str, grade: Grade = "HEALTHY", rack: str = "k1", cordoned: bool = False
 ) -> NodeRecord:
     return NodeRecord(
-        node=NodeIdentity(region="r1", cluster=cluster, node=node), grade=grade, rack=rack, **kw
+        node=NodeIdentity(region="r1", cluster=cluster, node=node),
+        grade=grade,
+        rack=rack,
+        cordoned=cordoned,
     )
 
 
@@ -43,7 +48,7 @@ def fleet(n: int, seed: int = 7) -> dict[str, NodeRecord]:
 
 def expected(records: dict[str, NodeRecord], q: NodeQuery) -> list[str]:
     """The reference: a sort and a filter per request (what the route did before)."""
-    fields = {
+    fields: dict[str, Callable[[NodeRecord], set[str]]] = {
         "grade": lambda r: {r.grade},
         "state": lambda r: set(states_of(r)),
         "region": lambda r: {r.node.region},
@@ -71,7 +76,7 @@ def walk(index: NodeIndex, q: NodeQuery) -> tuple[list[str], set[int]]:
         after = decode_cursor(page.next_cursor)
 
 
-QUERIES = [
+QUERIES: list[Mapping[Field, frozenset[str]]] = [
     {},
     {"grade": frozenset({"FAILING"})},
     {"grade": frozenset({"HEALTHY", "SUB_HEALTHY"})},
@@ -84,7 +89,9 @@ QUERIES = [
 
 @pytest.mark.parametrize("where", QUERIES)
 @pytest.mark.parametrize("limit", [1, 7, 500, None])
-def test_pages_cover_the_matches_once_in_handle_order(where: dict, limit: int | None) -> None:
+def test_pages_cover_the_matches_once_in_handle_order(
+    where: Mapping[Field, frozenset[str]], limit: int | None
+) -> None:
     records = fleet(400)
     q = NodeQuery(where, limit)
     handles, totals = walk(NodeIndex(records.items()), q)
@@ -127,7 +134,8 @@ def test_the_index_follows_writes_and_removals() -> None:
 def test_a_cursor_resumes_after_its_node_even_when_that_node_is_gone() -> None:
     records = WatchedRecords(fleet(10))
     first = records.index.page(NodeQuery(limit=3))
-    assert first.handles == sorted(records)[:3] and first.total == 10
+    assert first.handles == sorted(records)[:3]
+    assert first.total == 10
     assert first.next_cursor is not None
     records.pop(first.handles[-1])
     second = records.index.page(NodeQuery(limit=3, after=decode_cursor(first.next_cursor)))
@@ -163,7 +171,8 @@ def test_parameters_parse_into_a_query() -> None:
         "state": frozenset({"held"}),
         "rack": frozenset({"k1"}),
     }
-    assert q.limit == 500 and q.after == ""
+    assert q.limit == 500
+    assert q.after == ""
     assert parse_list_query({"cursor": encode_cursor("r1.c1.n9")}).after == "r1.c1.n9"
 
 
@@ -182,5 +191,6 @@ def test_parameters_parse_into_a_query() -> None:
 def test_bad_parameters_are_400_saying_what_is_valid(params: dict[str, str], words: str) -> None:
     with pytest.raises(ApiError) as caught:
         parse_list_query(params)
-    assert caught.value.status == 400 and caught.value.code == "bad_request"
+    assert caught.value.status == 400
+    assert caught.value.code == "bad_request"
     assert words in caught.value.message
