@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -26,6 +26,7 @@ STATES: Final = ("in_service", "cordoned", "maintenance", "held")
 others (a node in maintenance is also cordoned)."""
 MAX_LIMIT: Final = 5000
 """The largest page of ``GET /v1/nodes`` (without ``limit``: every match)."""
+MEMO_SIZE: Final = 64
 GroupKey = tuple[str, str, str]
 """(region, cluster, rack)."""
 
@@ -115,6 +116,9 @@ class NodeIndex:
         self._keys: dict[str, tuple[tuple[str, ...], ...]] = {}
         self._buckets: dict[Field, dict[str, set[str]]] = {f: {} for f in FIELDS}
         self._groups: dict[GroupKey, GroupCounts] = {}
+        self.version = 0
+        """Counts the changes that moved a bucket or a count (what :meth:`memo` keys on)."""
+        self._memo: dict[Hashable, tuple[int, bytes]] = {}
         for handle, record in records:
             self.put(handle, record)
 
@@ -127,6 +131,7 @@ class NodeIndex:
         old = self._keys.get(handle)
         if old == keys:
             return  # the common write: liveness fields only
+        self.version += 1
         self._keys[handle] = keys
         if old is None:
             if handle in self._gone:
@@ -147,6 +152,7 @@ class NodeIndex:
         old = self._keys.pop(handle, None)
         if old is None:
             return
+        self.version += 1
         for f, values in zip(FIELDS, old, strict=True):
             self._bucket(f, values, (), handle)
         self._count(old, -1)
@@ -223,6 +229,20 @@ class NodeIndex:
             into.nodes += counts.nodes
             into.cordoned += counts.cordoned
         yield from sorted(clusters.items())
+
+    def memo(self, key: Hashable, build: Callable[[], bytes]) -> bytes:
+        """``build()``, kept until the index changes (a summary read by every dashboard
+        between two grade changes is built once); at most :data:`MEMO_SIZE` kept."""
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
+        body = build()
+        if len(self._memo) >= MEMO_SIZE or any(v != self.version for v, _ in self._memo.values()):
+            self._memo = {k: m for k, m in self._memo.items() if m[0] == self.version}
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+        self._memo[key] = (self.version, body)
+        return body
 
     def grade_counts(self) -> dict[str, int]:
         """How many nodes have each grade (every grade named)."""
