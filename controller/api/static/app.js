@@ -78,8 +78,9 @@
     return String(v);
   }
 
+  const COLLATOR = new Intl.Collator(undefined, { numeric: true }); // one, not one per call
   function naturalCompare(a, b) {
-    return String(a).localeCompare(String(b), undefined, { numeric: true });
+    return COLLATOR.compare(String(a), String(b));
   }
 
   function gradeBadge(grade) {
@@ -529,7 +530,7 @@
         section.append(
           h(
             "section",
-            { class: "cluster", "aria-label": `cluster ${cluster}`, dataset: { cluster } },
+            { class: "cluster summarised", "aria-label": `cluster ${cluster}`, dataset: { cluster } },
             h("h3", {}, `cluster ${cluster}`, h("span", { class: "muted", text: `${total} nodes · ${racks.length} racks` }), gradeCounts(racks.reduce((by, g) => addCounts(by, g.grades), {}), `cluster ${cluster}`)),
             qos.has(`${region}/${cluster}`) ? congestionPanel(cluster, qos.get(`${region}/${cluster}`)) : null,
             h("ul", { class: "rack-cells", "aria-label": `racks of cluster ${cluster}` }, racks.map(rackCell)),
