@@ -54,7 +54,12 @@ from metalguard.controller.api.node_index import (  # noqa: E402
     encode_cursor,
     index_of,
 )
-from metalguard.controller.api.nodes import VIEW, get_summary, parse_grades, summary  # noqa: E402
+from metalguard.controller.api.nodes import (  # noqa: E402
+    VIEW,
+    build_summary,
+    parse_grades,
+    summary,
+)
 from metalguard.proto.nodes import NodeRecord  # noqa: E402
 from tests.integration.api_fleet import FleetView, NoEvents, fleet_view, place  # noqa: E402
 
@@ -65,9 +70,10 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 async def summary_rebuilt(request: web.Request) -> web.Response:
-    """``GET /v1/summary`` as after a grade change: the kept body dropped first."""
-    index_of(request.app[VIEW].store).version += 1
-    return await get_summary(request)
+    """``GET /v1/summary?by=rack`` as after a grade change: built, not the kept body."""
+    check_read(request)
+    body = build_summary(index_of(request.app[VIEW].store), "rack", None, None)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def legacy_nodes(request: web.Request) -> web.Response:

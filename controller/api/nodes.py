@@ -142,12 +142,13 @@ async def get_summary(request: web.Request) -> web.Response:
     index = index_of(request.app[VIEW].store)
     region, cluster = query.get("region"), query.get("cluster")
     body = index.memo(
-        ("summary", by, region, cluster), lambda: _summary(index, by, region, cluster)
+        ("summary", by, region, cluster), lambda: build_summary(index, by, region, cluster)
     )
     return web.Response(body=body, content_type="application/json")
 
 
-def _summary(index: NodeIndex, by: str, region: str | None, cluster: str | None) -> bytes:
+def build_summary(index: NodeIndex, by: str, region: str | None, cluster: str | None) -> bytes:
+    """The body of ``GET /v1/summary`` (a :class:`~shapes.FleetSummary`), encoded."""
     groups = [
         GroupSummary(
             region=r,
