@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import http.client
 import os
 import statistics
@@ -176,14 +177,44 @@ def cases(nodes: int) -> dict[str, str]:
     }
 
 
+class FullCollections:
+    """The cyclic GC's full (generation 2) passes while it is entered: how many, the
+    longest (with every record in memory, one pass walks them all: a tail latency)."""
+
+    def __init__(self) -> None:
+        self.took: list[float] = []
+        self._t0 = 0.0
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.took.append(time.perf_counter() - self._t0)
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
+
+    def line(self) -> str:
+        longest = max(self.took, default=0.0) * 1000
+        return f"full GC passes meanwhile: {len(self.took)}, the longest {longest:.1f} ms"
+
+
 def bench_http(client: Client, nodes: int, requests: int) -> dict[str, list[float]]:
     paths = cases(nodes)
     took: dict[str, list[float]] = {name: [] for name in paths}
-    for path in paths.values():  # warm up; the first request installs the index
+    for path in paths.values():  # warm up
         client.get(path)
-    for _ in range(requests):
-        for name, path in paths.items():
-            took[name].append(client.get(path)[0])
+    with FullCollections() as full:
+        for _ in range(requests):
+            for name, path in paths.items():
+                took[name].append(client.get(path)[0])
+    print(full.line())
     return took
 
 
