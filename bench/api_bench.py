@@ -21,7 +21,11 @@ Prints p50/p99 in ms and p99 against the ``healthz`` p99 of the same run, the go
 fleet view on screen (the page's ``metalguard:first-view`` mark, taken after the frame
 that shows it) at ``--nodes`` (one cell per rack) and at 1,000 nodes (one per node).
 
+With ``--gc-freeze`` the records and the index are moved out of the cyclic GC's reach once
+built (``gc.freeze()``): what a controller that froze after loading its store would see.
+
 Usage: python bench/api_bench.py [--nodes 100000] [--requests 200] [--no-browser] [--quick]
+       [--gc-freeze]
 """
 
 from __future__ import annotations
@@ -373,12 +377,21 @@ def main() -> int:
     parser.add_argument("--browser-runs", type=int, default=5)
     parser.add_argument("--no-browser", action="store_true")
     parser.add_argument("--quick", action="store_true", help="5,000 nodes, 20 requests")
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() once the records and the index are built (GC passes skip them)",
+    )
     args = parser.parse_args()
     nodes, requests = (5_000, 20) if args.quick else (args.nodes, args.requests)
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} CPUs")
     view = timed(f"records of {nodes:,} nodes built", lambda: fleet_view(nodes))
     with Server(view) as server:
         print(f"API started (builds the index): {server.start_s:.2f} s")
+        if args.gc_freeze:
+            gc.collect()
+            gc.freeze()
+            print(f"gc.freeze(): {gc.get_freeze_count():,} objects out of the GC's passes")
         client = Client(server.port)
         sizes = {name: len(client.get(path)[1]) for name, path in cases(nodes).items()}
         took = bench_http(client, nodes, requests)
