@@ -114,6 +114,8 @@ class NodeIndex:
         self._added: set[str] = set()
         self._gone: set[str] = set()
         self._keys: dict[str, tuple[tuple[str, ...], ...]] = {}
+        self._interned: dict[tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]] = {}
+        """The keys tuples in use, shared (a few per rack, not one per node)."""
         self._buckets: dict[Field, dict[str, set[str]]] = {f: {} for f in FIELDS}
         self._groups: dict[GroupKey, GroupCounts] = {}
         self.version = 0
@@ -128,6 +130,7 @@ class NodeIndex:
     def put(self, handle: str, record: NodeRecord) -> None:
         """A record written (new or changed): only the fields that changed move."""
         keys = keys_of(record)
+        keys = self._interned.setdefault(keys, keys)  # one tuple per (grade, state, rack)
         old = self._keys.get(handle)
         if old == keys:
             return  # the common write: liveness fields only
