@@ -23,6 +23,7 @@ from aiohttp import web
 
 from metalguard import __version__
 from metalguard.controller.api import shapes
+from metalguard.controller.api.node_index import MAX_LIMIT, STATES
 from metalguard.controller.api.sse import MAX_SEQ
 from metalguard.controller.jobs.spec import DATASET_PATTERN
 from metalguard.controller.provision.spec import SwitchRequest
@@ -194,7 +195,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation(
         "GET",
         "/v1/nodes",
-        "The nodes, sorted by handle, filtered",
+        "The nodes, sorted by handle, filtered and paged",
         "read",
         {200: shapes.NodeList},
         (400, 401),
@@ -205,9 +206,43 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
                 f"grades, comma-separated, case-insensitive: {', '.join(GRADES)}",
                 example="FAILING,UNREACHABLE",
             ),
+            Param(
+                "state",
+                "query",
+                f"operator states, comma-separated: {', '.join(STATES)}",
+                example="cordoned",
+            ),
             Param("region", "query", "exact match"),
             Param("cluster", "query", "exact match"),
             Param("rack", "query", "exact match"),
+            Param(
+                "limit",
+                "query",
+                f"at most this many nodes (1-{MAX_LIMIT}); without it, every match",
+                {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+                "500",
+            ),
+            Param("cursor", "query", "the previous page's `next`, as is"),
+        ),
+        tag="nodes",
+    ),
+    Operation(
+        "GET",
+        "/v1/summary",
+        "Grade counts of the region and per cluster or rack (the dashboard's large heatmap)",
+        "read",
+        {200: shapes.FleetSummary},
+        (400, 401),
+        (
+            Param(
+                "by",
+                "query",
+                "`rack` (default) or `cluster`",
+                {"type": "string", "enum": ["rack", "cluster"]},
+                "rack",
+            ),
+            Param("region", "query", "exact match"),
+            Param("cluster", "query", "exact match"),
         ),
         tag="nodes",
     ),

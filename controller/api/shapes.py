@@ -104,9 +104,36 @@ class NodeSummary(Shape, frozen=True):
 
 
 class NodeList(Shape, frozen=True):
-    """``GET /v1/nodes``: sorted by handle."""
+    """``GET /v1/nodes``: one page of the matching nodes, sorted by handle."""
 
     nodes: list[NodeSummary]
+    total: int
+    """How many nodes match (on every page)."""
+    next: str | None
+    """The cursor of the next page (pass it as ``cursor``); null on the last page."""
+
+
+class GroupSummary(Shape, frozen=True):
+    """One cluster's or rack's line in ``GET /v1/summary``."""
+
+    region: str
+    cluster: str
+    nodes: int
+    grades: dict[Grade, int]
+    """Nodes per grade (the grades it has)."""
+    cordoned: int
+    """Nodes cordoned, in maintenance or held."""
+    rack: str | UnsetType = UNSET
+    """With ``by=rack`` (``""``: nodes without a rack)."""
+
+
+class FleetSummary(Shape, frozen=True):
+    """``GET /v1/summary``: the region's grade counts and its groups, in key order."""
+
+    by: Literal["rack", "cluster"]
+    total: int
+    grades: dict[Grade, int]
+    groups: list[GroupSummary]
 
 
 class CounterSamples(Shape, frozen=True):

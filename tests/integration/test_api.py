@@ -117,6 +117,78 @@ async def test_bad_filters_are_400_naming_what_is_valid(client: TestClient[Any, 
     assert "colour" in error["message"]
 
 
+async def test_pages_follow_the_cursor_and_say_the_total(
+    client: TestClient[Any, Any], env: ApiEnv
+) -> None:
+    await env.feed(FATAL)  # r1.c1.n3 FAILING
+    everyone = ["r1.c1.n1", "r1.c1.n2", "r1.c1.n3", "r1.c2.n1"]
+
+    async def page(query: str) -> dict[str, Any]:
+        response = await client.get(f"/v1/nodes?{query}", headers=READ)
+        assert response.status == 200, await response.text()
+        return dict(await response.json())
+
+    first = await page("limit=3")
+    assert [n["handle"] for n in first["nodes"]] == everyone[:3]
+    assert first["total"] == 4
+    assert isinstance(first["next"], str)
+    second = await page(f"limit=3&cursor={first['next']}")
+    assert [n["handle"] for n in second["nodes"]] == everyone[3:]
+    assert second["total"] == 4
+    assert second["next"] is None
+    unpaged = await page("")
+    assert [n["handle"] for n in unpaged["nodes"]] == everyone
+    assert unpaged["next"] is None
+    healthy = await page("grade=healthy&limit=2")
+    assert [n["handle"] for n in healthy["nodes"]] == ["r1.c1.n1", "r1.c1.n2"]
+    assert healthy["total"] == 3
+    rest = await page(f"grade=healthy&limit=2&cursor={healthy['next']}")
+    assert [n["handle"] for n in rest["nodes"]] == ["r1.c2.n1"]
+
+    cordon = await client.post("/v1/nodes/n2/cordon", json={"reason": "x"}, headers=ADMIN)
+    assert cordon.status == 200, await cordon.text()
+    assert [n["handle"] for n in (await page("state=cordoned"))["nodes"]] == ["r1.c1.n2"]
+    in_service = await page("state=in_service&cluster=c1")
+    assert [n["handle"] for n in in_service["nodes"]] == ["r1.c1.n1", "r1.c1.n3"]
+
+
+async def test_bad_paging_parameters_are_400s(client: TestClient[Any, Any]) -> None:
+    for query, words in (
+        ("limit=0", "limit must be an integer from 1 to 5000"),
+        ("limit=abc", "'abc'"),
+        ("limit=5001", "limit"),
+        ("cursor=%21%21", "not a cursor"),
+        ("state=sleepy", "valid: in_service, cordoned, maintenance, held"),
+    ):
+        error = await error_of(await client.get(f"/v1/nodes?{query}", headers=READ), 400)
+        assert error["code"] == "bad_request"
+        assert words in error["message"], (query, error)
+    error = await error_of(await client.get("/v1/summary?by=node", headers=READ), 400)
+    assert "rack or cluster" in error["message"]
+    await error_of(await client.get("/v1/summary"), 401)
+
+
+async def test_summary_counts_grades_per_rack_and_cluster(
+    client: TestClient[Any, Any], env: ApiEnv
+) -> None:
+    await env.feed(FATAL)
+    await env.set_rack("r1.c2.n1", "rk7")
+    racks = await (await client.get("/v1/summary", headers=READ)).json()
+    assert racks["by"] == "rack"
+    assert racks["total"] == 4
+    assert racks["grades"]["FAILING"] == 1
+    assert racks["grades"]["HEALTHY"] == 3
+    by_rack = {(g["cluster"], g["rack"]): (g["nodes"], g["grades"]) for g in racks["groups"]}
+    assert by_rack[("c2", "rk7")] == (1, {"HEALTHY": 1})
+    c1 = [g for g in racks["groups"] if g["cluster"] == "c1"]
+    assert sum(g["nodes"] for g in c1) == 3
+    clusters = await (await client.get("/v1/summary?by=cluster", headers=READ)).json()
+    assert [(g["cluster"], g["nodes"]) for g in clusters["groups"]] == [("c1", 3), ("c2", 1)]
+    assert "rack" not in clusters["groups"][0]
+    one = await (await client.get("/v1/summary?by=cluster&cluster=c2", headers=READ)).json()
+    assert [g["cluster"] for g in one["groups"]] == ["c2"]
+
+
 async def test_node_by_handle_name_unknown_ambiguous(client: TestClient[Any, Any]) -> None:
     body = await (await client.get("/v1/nodes/r1.c1.n2", headers=READ)).json()
     assert body["handle"] == "r1.c1.n2"

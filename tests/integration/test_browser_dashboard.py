@@ -11,6 +11,8 @@
 4. A controller with provisioning (the real service over the demo's simulated BMC and
    storage): a node booted for a tenant shows its instance state and tenant on the
    heatmap, its page and the instances view.
+5. A 100,000-node region (records in memory): one cell per rack, coloured by its worst
+   grade; a click opens the rack's nodes (the first paint is timed by bench/api_bench.py).
 
 Screenshots go to ``$MG_ARTIFACTS/dashboard/`` (default ``test-artifacts/dashboard/`` in
 the repository); the path is printed.  Skipped, with the reason printed, where Chromium
@@ -47,6 +49,7 @@ from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import NetInterface, QosInterfaceStatus, TelemetryBatch
 from tests.clock import T0
 from tests.integration.api_env import FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
+from tests.integration.api_fleet import NoEvents, fleet_view
 from tests.waiting import wait_for_line
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra)")
@@ -476,3 +479,63 @@ async def test_the_congestion_panel_shows_a_clusters_pause_frames_and_degraded_n
         assert "QoS degraded: n2 (eth2)" in text, text
         assert not browser.find_elements(By.CSS_SELECTOR, '[data-congestion="c2"] li'), "c2 quiet"
         await asyncio.to_thread(shot, browser, "congestion")
+
+
+# --- a large region (docs/dashboard.md "Large regions") ---------------------------------
+
+LARGE = 100_000
+"""Nodes of the large region: 3,125 racks of 32 in 32 clusters (tests/integration/api_fleet.py)."""
+
+
+async def test_a_100000_node_region_shows_a_cell_per_rack_that_opens_its_nodes(
+    browser: WebDriver,
+) -> None:
+    view = fleet_view(LARGE)
+    racks = {(r.node.cluster, r.rack) for r in view.store.records.values()}
+    failing = sorted(
+        {(r.node.cluster, r.rack) for r in view.store.records.values() if r.grade == "FAILING"}
+    )
+    app = make_app(view, NoEvents())
+    async with serve(app) as base:
+        await asyncio.to_thread(browser.get, f"{base}/ui/")
+        cells = await asyncio.to_thread(
+            wait,
+            browser,
+            60,
+            "a cell per rack",
+            lambda d: d.find_elements(By.CSS_SELECTOR, "button.rack-cell"),
+        )
+        assert len(cells) == len(racks)
+        assert not browser.find_elements(By.CSS_SELECTOR, "button.node"), "no cell per node"
+        assert f"Fleet: {LARGE} nodes" in browser.find_element(By.ID, "view").text
+        assert "One cell per rack" in browser.find_element(By.ID, "summarised").text
+        cluster, rack = failing[0]
+        cell = browser.find_element(
+            By.CSS_SELECTOR, f'button.rack-cell[data-cluster="{cluster}"][data-rack="{rack}"]'
+        )
+        assert cell.get_attribute("data-grade") == "FAILING"  # its worst grade
+        assert "FAILING" in str(cell.get_attribute("aria-label"))
+        assert cell.text == "32"
+        await asyncio.to_thread(shot, browser, "large-region")
+        await asyncio.to_thread(cell.click)
+        nodes = await asyncio.to_thread(
+            wait,
+            browser,
+            30,
+            f"rack {rack}'s 32 nodes",
+            lambda d: (
+                len(d.find_elements(By.CSS_SELECTOR, "button.node")) == 32
+                and d.find_elements(By.CSS_SELECTOR, "button.node")
+            ),
+        )
+        assert {n.get_attribute("data-node").split(".")[1] for n in nodes} == {cluster}
+        assert browser.find_elements(By.CSS_SELECTOR, 'button.node[data-grade="FAILING"]')
+        assert rack in browser.find_element(By.ID, "rack-title").text
+        await asyncio.to_thread(shot, browser, "large-region-rack")
+        # every node on demand: the link under the heading
+        await asyncio.to_thread(browser.get, f"{base}/ui/#/fleet")
+        await asyncio.to_thread(
+            wait, browser, 60, "the fleet again", lambda d: d.find_elements(By.ID, "summarised")
+        )
+        link = browser.find_element(By.CSS_SELECTOR, '#summarised a[href="#/fleet/nodes"]')
+        assert link.text == "every node"

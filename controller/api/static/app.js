@@ -11,6 +11,9 @@
   const POLL_LIVE_MS = 30000; // slow poll while the event stream is live
   const POLL_DOWN_MS = 5000; // faster while it is down
   const REFRESH_DEBOUNCE_MS = 400;
+  const HEATMAP_MAX = 2000; // above this many nodes the fleet shows one cell per rack
+  const PAGE = 5000; // GET /v1/nodes's largest page
+  const WORST_FIRST = ["FAILING", "UNREACHABLE", "SUB_HEALTHY", "MAINTENANCE", "HEALTHY"];
 
   const state = {
     token: sessionStorage.getItem(TOKEN_KEY) || "",
@@ -21,6 +24,7 @@
     rendering: false,
     again: false,
     streamAbort: null,
+    painted: false,
   };
 
   class HttpError extends Error {
@@ -74,8 +78,9 @@
     return String(v);
   }
 
+  const COLLATOR = new Intl.Collator(undefined, { numeric: true }); // one, not one per call
   function naturalCompare(a, b) {
-    return String(a).localeCompare(String(b), undefined, { numeric: true });
+    return COLLATOR.compare(String(a), String(b));
   }
 
   function gradeBadge(grade) {
@@ -119,6 +124,11 @@
     const hash = location.hash.replace(/^#\/?/, "");
     const [view, ...rest] = hash.split("/");
     if (view === "node" && rest.length) return { view: "node", node: decodeURIComponent(rest.join("/")) };
+    if (view === "rack" && rest.length === 3) {
+      const [region, cluster, rack] = rest.map(decodeURIComponent);
+      return { view: "rack", region, cluster, rack };
+    }
+    if (view === "fleet" && rest[0] === "nodes") return { view: "fleet", nodes: true };
     if (view === "jobs") return { view: "jobs" };
     if (view === "instances") return { view: "instances" };
     return { view: "fleet" };
@@ -127,7 +137,7 @@
   function markNav(view) {
     for (const [id, name] of [["nav-fleet", "fleet"], ["nav-jobs", "jobs"], ["nav-instances", "instances"]]) {
       const a = document.getElementById(id);
-      if (name === view || (view === "node" && name === "fleet")) a.setAttribute("aria-current", "page");
+      if (name === view || ((view === "node" || view === "rack") && name === "fleet")) a.setAttribute("aria-current", "page");
       else a.removeAttribute("aria-current");
     }
   }
@@ -150,9 +160,14 @@
       if (r.view === "node") content = await nodeView(r.node);
       else if (r.view === "jobs") content = await jobsView();
       else if (r.view === "instances") content = await instancesView();
-      else content = await fleetView();
+      else if (r.view === "rack") content = await rackView(r);
+      else content = await fleetView(r.nodes);
       main.replaceChildren(...content);
       document.body.dataset.view = r.view;
+      if (!state.painted) {
+        state.painted = true; // the first view on screen: a mark after its frame is painted
+        requestAnimationFrame(() => setTimeout(() => performance.mark("metalguard:first-view")));
+      }
       showError("");
       if (focused) {
         const again = main.querySelector(`[data-focus-key="${CSS.escape(focused)}"]`);
@@ -387,8 +402,42 @@
     return panel;
   }
 
-  async function fleetView() {
-    const [{ nodes }, qos] = await Promise.all([api("v1/nodes"), qosClusters()]);
+  /** Every page of GET /v1/nodes with these filters (``query``: URLSearchParams). */
+  async function allNodes(query) {
+    const nodes = [];
+    let cursor = null;
+    do {
+      const q = new URLSearchParams(query);
+      q.set("limit", String(PAGE));
+      if (cursor) q.set("cursor", cursor);
+      const page = await api(`v1/nodes?${q}`);
+      nodes.push(...page.nodes);
+      cursor = page.next;
+    } while (cursor);
+    return nodes;
+  }
+
+  /** The fleet: one cell per node up to HEATMAP_MAX nodes (or with ``#/fleet/nodes``),
+   * above that one cell per rack (GET /v1/summary), which opens the rack's nodes. */
+  async function fleetView(everyNode) {
+    const [summary, qos] = await Promise.all([api("v1/summary?by=rack"), qosClusters()]);
+    if (summary.total > HEATMAP_MAX && !everyNode) return rackFleet(summary, qos);
+    return nodeFleet(await allNodes(""), qos);
+  }
+
+  function rackBox(rack, inRack) {
+    inRack.sort((a, b) => naturalCompare(a.node, b.node));
+    return h(
+      "div",
+      { class: "rack", role: "group", "aria-label": `rack ${rack}: ${inRack.length} nodes`, dataset: { rack } },
+      h("p", { class: "rack-title", text: `rack ${rack} · ${inRack.length}` }),
+      countList(inRack, `rack ${rack}`),
+      nodeGrid(rack, inRack),
+      rackTenants(rack, inRack),
+    );
+  }
+
+  function nodeFleet(nodes, qos) {
     const out = [
       h("h2", { text: `Fleet: ${nodes.length} node${nodes.length === 1 ? "" : "s"}` }),
       countList(nodes, "fleet"),
@@ -404,19 +453,7 @@
       );
       for (const [cluster, inCluster] of groupBy(inRegion, (n) => n.cluster)) {
         const racks = h("div", { class: "racks" });
-        for (const [rack, inRack] of groupBy(inCluster, (n) => n.rack || "(no rack)")) {
-          inRack.sort((a, b) => naturalCompare(a.node, b.node));
-          racks.append(
-            h(
-              "div",
-              { class: "rack", role: "group", "aria-label": `rack ${rack}: ${inRack.length} nodes`, dataset: { rack } },
-              h("p", { class: "rack-title", text: `rack ${rack} · ${inRack.length}` }),
-              countList(inRack, `rack ${rack}`),
-              nodeGrid(rack, inRack),
-              rackTenants(rack, inRack),
-            ),
-          );
-        }
+        for (const [rack, inRack] of groupBy(inCluster, (n) => n.rack || "(no rack)")) racks.append(rackBox(rack, inRack));
         section.append(
           h(
             "section",
@@ -430,6 +467,93 @@
       out.push(section);
     }
     return out;
+  }
+
+  /** Grade counts as the counts list (``by``: grade -> nodes). */
+  function gradeCounts(by, label) {
+    return h(
+      "ul",
+      { class: "counts", "aria-label": `${label}: grade counts` },
+      GRADES.filter((g) => by[g] > 0).map((g) => h("li", { class: `g-${g}`, dataset: { grade: g }, text: `${by[g]} ${g}` })),
+    );
+  }
+
+  function addCounts(into, by) {
+    for (const [g, n] of Object.entries(by)) into[g] = (into[g] || 0) + n;
+    return into;
+  }
+
+  function rackHash(g) {
+    return `#/rack/${[g.region, g.cluster, g.rack].map(encodeURIComponent).join("/")}`;
+  }
+
+  /** A rack's cell: its worst grade's colour, its node count; a click opens its nodes. */
+  function rackCell(g) {
+    const worst = WORST_FIRST.find((x) => g.grades[x] > 0) || "HEALTHY";
+    const name = g.rack || "(no rack)";
+    const grades = GRADES.filter((x) => g.grades[x] > 0).map((x) => `${g.grades[x]} ${x}`).join(", ");
+    const label = `rack ${name}: ${g.nodes} nodes, ${grades}${g.cordoned ? `, ${g.cordoned} cordoned` : ""}`;
+    return h(
+      "li",
+      {},
+      h("button", {
+        type: "button",
+        class: `rack-cell g-${worst}${g.cordoned ? " cordoned" : ""}`,
+        "aria-label": label,
+        title: label,
+        dataset: { rack: g.rack, cluster: g.cluster, region: g.region, grade: worst, focusKey: `rack:${g.region}/${g.cluster}/${g.rack}` },
+        onclick: () => {
+          location.hash = rackHash(g);
+        },
+        text: String(g.nodes),
+      }),
+    );
+  }
+
+  function rackFleet(summary, qos) {
+    const out = [
+      h("h2", { text: `Fleet: ${summary.total} nodes` }),
+      gradeCounts(summary.grades, "fleet"),
+      legend(false),
+      h("p", { class: "muted", id: "summarised" }, `One cell per rack (more than ${HEATMAP_MAX} nodes): its worst grade, its node count; open a rack for its nodes, or `, h("a", { href: "#/fleet/nodes", text: "every node" }), "."),
+    ];
+    const regions = groupBy(summary.groups, (g) => g.region);
+    for (const [region, inRegion] of regions) {
+      const section = h(
+        "section",
+        { class: "region card", "aria-label": `region ${region}`, dataset: { region } },
+        h("h2", {}, `region ${region}`, h("span", { class: "muted", text: `${inRegion.reduce((n, g) => n + g.nodes, 0)} nodes` }), gradeCounts(inRegion.reduce((by, g) => addCounts(by, g.grades), {}), `region ${region}`)),
+      );
+      for (const [cluster, racks] of groupBy(inRegion, (g) => g.cluster)) {
+        const total = racks.reduce((n, g) => n + g.nodes, 0);
+        racks.sort((a, b) => naturalCompare(a.rack, b.rack));
+        section.append(
+          h(
+            "section",
+            { class: "cluster summarised", "aria-label": `cluster ${cluster}`, dataset: { cluster } },
+            h("h3", {}, `cluster ${cluster}`, h("span", { class: "muted", text: `${total} nodes · ${racks.length} racks` }), gradeCounts(racks.reduce((by, g) => addCounts(by, g.grades), {}), `cluster ${cluster}`)),
+            qos.has(`${region}/${cluster}`) ? congestionPanel(cluster, qos.get(`${region}/${cluster}`)) : null,
+            h("ul", { class: "rack-cells", "aria-label": `racks of cluster ${cluster}` }, racks.map(rackCell)),
+          ),
+        );
+      }
+      out.push(section);
+    }
+    return out;
+  }
+
+  /** One rack's nodes (``#/rack/region/cluster/rack``), from the summarised fleet. */
+  async function rackView(r) {
+    const q = new URLSearchParams({ region: r.region, cluster: r.cluster });
+    if (r.rack) q.set("rack", r.rack);
+    const nodes = (await allNodes(q)).filter((n) => n.rack === r.rack);
+    const name = r.rack || "(no rack)";
+    return [
+      h("p", {}, h("a", { href: "#/fleet", text: "← fleet", "aria-label": "Back to the fleet" })),
+      h("h2", { id: "rack-title", dataset: { rack: r.rack } }, `rack ${name} `, h("span", { class: "muted", text: `region ${r.region} · cluster ${r.cluster} · ${nodes.length} nodes` })),
+      legend(nodes.some((n) => n.provision && n.provision.instance)),
+      nodes.length ? h("div", { class: "racks" }, rackBox(name, nodes)) : h("p", { class: "muted", text: "No node in this rack." }),
+    ];
   }
 
   // --- node page -----------------------------------------------------------------------
