@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal, Protocol, cast, get_args
 
 import msgspec
@@ -201,13 +201,7 @@ def parse_list_query(params: Mapping[str, str]) -> NodeQuery:
 def parse_states(text: str) -> set[str]:
     """The states of a comma-separated ``state`` filter, lower-cased (ApiError 400 for an
     unknown one)."""
-    wanted = {s.strip().lower() for s in text.split(",") if s.strip()}
-    bad = sorted(wanted - set(STATES))
-    if bad:
-        raise ApiError(
-            400, "bad_request", f"unknown state {', '.join(bad)}; valid: {', '.join(STATES)}"
-        )
-    return wanted
+    return _parse_choices(text, "state", STATES, str.lower)
 
 
 async def get_node(request: web.Request) -> web.Response:
@@ -318,11 +312,18 @@ def lookup(records: Mapping[str, NodeRecord], name: str) -> tuple[str, NodeRecor
 def parse_grades(text: str) -> set[str]:
     """The grades of a comma-separated ``grade`` filter, upper-cased (ApiError 400 for an
     unknown one)."""
-    wanted = {g.strip().upper() for g in text.split(",") if g.strip()}
-    bad = sorted(wanted - set(GRADES))
+    return _parse_choices(text, "grade", GRADES, str.upper)
+
+
+def _parse_choices(
+    text: str, what: str, valid: Iterable[str], case: Callable[[str], str]
+) -> set[str]:
+    wanted = {case(v.strip()) for v in text.split(",") if v.strip()}
+    choices = list(valid)
+    bad = sorted(wanted - set(choices))
     if bad:
         raise ApiError(
-            400, "bad_request", f"unknown grade {', '.join(bad)}; valid: {', '.join(GRADES)}"
+            400, "bad_request", f"unknown {what} {', '.join(bad)}; valid: {', '.join(choices)}"
         )
     return wanted
 
