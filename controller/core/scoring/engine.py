@@ -26,7 +26,12 @@ from metalguard.controller.core.scoring.config import (
     Rules,
     ScoringConfig,
 )
-from metalguard.controller.core.scoring.signals import NodeSignals, fingerprint, take_in
+from metalguard.controller.core.scoring.signals import (
+    NodeSignals,
+    fingerprint,
+    shared_key,
+    take_in,
+)
 from metalguard.proto.base import Reason
 from metalguard.proto.nodes import Grade
 from metalguard.proto.telemetry import TelemetryBatch
@@ -77,61 +82,85 @@ class ScoringMemo:
     of ``assess`` without it (tests/unit/test_scoring_memo.py).
     """
 
-    __slots__ = ("assessment", "batch", "config", "found", "outputs", "values")
+    __slots__ = ("assessment", "config", "fields", "found", "keep", "outputs", "values")
 
-    def __init__(self) -> None:
-        self.batch: TelemetryBatch | None = None
+    def __init__(self, stable: Iterable[str] | None = None) -> None:
+        self.keep: tuple[bool, ...] | None = (
+            None if stable is None else tuple(f in set(stable) for f in MEMO_FIELDS)
+        )
+        """``stable``: the only fields that can come back as the same objects (the
+        sections ingest's decoder reuses); the others are not kept between batches, and
+        count as changed (None: every field is kept)."""
+        self.fields: tuple[object, ...] | None = None
+        """The previous batch's fields that some marked function reads (only those: the
+        rest of the batch is not kept)."""
         self.config: ScoringConfig | None = None
-        self.outputs: dict[object, tuple[object, ...]] = {}
-        """Marked function -> its output for ``batch``."""
+        self.outputs: list[tuple[object, ...] | None] = [None] * len(_SLOTS)
+        """Each marked function's output for the previous batch, by its slot."""
         self.values: dict[str, int] | None = None
-        """The counter values of ``batch``."""
+        """The counter values of the previous batch."""
         self.found: list[Finding] | None = None
         self.assessment: Assessment | None = None
         """The summary of ``found``."""
 
     def unchanged(self, batch: TelemetryBatch, config: ScoringConfig) -> frozenset[str]:
         """The fields of ``batch`` that are the previous batch's objects (under the same
-        config object); then remembers ``batch`` as the previous one."""
-        before, self.batch = self.batch, batch
-        if before is None or config is not self.config:
+        config object); then remembers ``batch``'s as the previous ones."""
+        now = _memo_fields(batch)
+        keep = self.keep
+        then = self.fields
+        self.fields = now if keep is None else _kept(now, keep)
+        if then is None or config is not self.config:
             self.config = config
-            self.outputs.clear()
+            self.outputs = [None] * len(_SLOTS)
             self.found = self.assessment = None
             return frozenset()
-        now, then = _memo_fields(batch), _memo_fields(before)
-        return frozenset([f for f, a, b in zip(_MEMO_FIELDS, now, then, strict=True) if a is b])
+        return frozenset([f for f, a, b in zip(MEMO_FIELDS, now, then, strict=True) if a is b])
 
     def run(self, plan: Plan, unchanged: frozenset[str], arg: object) -> list[Any]:
         """Every function of ``plan`` called with ``arg``, outputs concatenated in order;
         a marked function whose fields are all ``unchanged`` gives its previous output."""
         outputs = self.outputs
         out: list[Any] = []
-        for fn, fields in plan:
+        for fn, fields, slot in plan:
             if fields is None:
                 out += fn(arg)
                 continue
             if fields <= unchanged:
-                kept = outputs.get(fn)
+                kept = outputs[slot]
                 if kept is not None:
                     out += kept
                     continue
-            fresh = outputs[fn] = tuple(fn(arg))
+            fresh = tuple(fn(arg))
+            outputs[slot] = fresh or ()
             out += fresh
         return out
 
 
-Plan = tuple[tuple[Callable[[Any], Iterable[Any]], frozenset[str] | None], ...]
-"""Functions to call in order, each with the fields it reads (None: unmarked)."""
+_CHANGED = object()
+"""Stands for a field not kept: it is no field's value, so it never compares the same."""
+
+
+def _kept(fields: tuple[object, ...], keep: tuple[bool, ...]) -> tuple[object, ...]:
+    return tuple(v if k else _CHANGED for v, k in zip(fields, keep, strict=True))
+
+
+Plan = tuple[tuple[Callable[[Any], Iterable[Any]], frozenset[str] | None, int], ...]
+"""Functions to call in order, each with the fields it reads (None: unmarked) and its
+slot in :attr:`ScoringMemo.outputs`."""
 
 
 def _plan(functions: Iterable[Callable[[Any], Iterable[Any]]]) -> Plan:
-    return tuple((fn, READS.get(fn)) for fn in functions)
+    return tuple((fn, READS.get(fn), _SLOTS.get(fn, -1)) for fn in functions)
 
 
-_MEMO_FIELDS = tuple(sorted({f for fields in READS.values() for f in fields}))
+_SLOTS: dict[object, int] = {
+    fn: i for i, fn in enumerate(dict.fromkeys(f for f in RULES if f in READS))
+}
+"""A slot per marked function, in :attr:`ScoringMemo.outputs`."""
+MEMO_FIELDS = tuple(sorted({f for fields in READS.values() for f in fields}))
 """The batch fields some marked function reads."""
-_memo_fields = operator.attrgetter(*_MEMO_FIELDS)
+_memo_fields = operator.attrgetter(*MEMO_FIELDS)
 
 
 def assess(
@@ -168,7 +197,11 @@ def _assess_memo(
     unchanged = memo.unchanged(batch, config)
     values = memo.values
     if values is None or not unchanged >= _COUNTER_FIELDS:
-        values = memo.values = dict(memo.run(_SOURCES_PLAN, unchanged, batch))
+        # The sources' outputs are not kept (only the values; the keys shared with the
+        # history's): they are rerun together when some counter section changed.
+        values = memo.values = {
+            shared_key(k): v for k, v in memo.run(_SOURCES_PLAN, unchanged, batch)
+        }
     updated, steady, ctx, quiet = _take_in(signals, batch, values, config)
     found: list[Finding] = memo.run(_READING_PLAN if quiet else _RULES_PLAN, unchanged, ctx)
     previous = memo.found
@@ -217,7 +250,7 @@ def _result(
 READING_RULES = tuple(rule for rule in RULES if rule not in GROWTH_ONLY_RULES)
 """The rules run for a node whose counters are all quiet (the growth-only rules would
 find nothing: most nodes, most of the time)."""
-_SOURCES_PLAN = _plan(COUNTER_SOURCES)
+_SOURCES_PLAN: Plan = tuple((fn, None, -1) for fn in COUNTER_SOURCES)
 _RULES_PLAN = _plan(RULES)
 _READING_PLAN = _plan(READING_RULES)
 
