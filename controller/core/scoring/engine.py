@@ -10,6 +10,7 @@ Findings of severity ``info`` are notes: they explain, they cost nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable, Iterable
@@ -82,18 +83,16 @@ class ScoringMemo:
     of ``assess`` without it (tests/unit/test_scoring_memo.py).
     """
 
-    __slots__ = ("assessment", "config", "fields", "found", "keep", "outputs", "values")
+    __slots__ = ("assessment", "config", "fields", "found", "outputs", "read", "values")
 
     def __init__(self, stable: Iterable[str] | None = None) -> None:
-        self.keep: tuple[bool, ...] | None = (
-            None if stable is None else tuple(f in set(stable) for f in MEMO_FIELDS)
-        )
+        self.read = _reader(MEMO_FIELDS if stable is None else tuple(stable))
         """``stable``: the only fields that can come back as the same objects (the
         sections ingest's decoder reuses); the others are not kept between batches, and
-        count as changed (None: every field is kept)."""
+        count as changed (None: every field some marked function reads)."""
         self.fields: tuple[object, ...] | None = None
-        """The previous batch's fields that some marked function reads (only those: the
-        rest of the batch is not kept)."""
+        """The previous batch's values of those fields (only those: the rest of the
+        batch is not kept)."""
         self.config: ScoringConfig | None = None
         self.outputs: list[tuple[object, ...] | None] = [None] * len(_SLOTS)
         """Each marked function's output for the previous batch, by its slot."""
@@ -106,43 +105,62 @@ class ScoringMemo:
     def unchanged(self, batch: TelemetryBatch, config: ScoringConfig) -> frozenset[str]:
         """The fields of ``batch`` that are the previous batch's objects (under the same
         config object); then remembers ``batch``'s as the previous ones."""
-        now = _memo_fields(batch)
-        keep = self.keep
-        then = self.fields
-        self.fields = now if keep is None else _kept(now, keep)
+        names, read = self.read
+        now = read(batch)
+        then, self.fields = self.fields, now
         if then is None or config is not self.config:
             self.config = config
             self.outputs = [None] * len(_SLOTS)
             self.found = self.assessment = None
             return frozenset()
-        return frozenset([f for f, a, b in zip(MEMO_FIELDS, now, then, strict=True) if a is b])
+        return frozenset([f for f, a, b in zip(names, now, then, strict=True) if a is b])
 
     def run(self, plan: Plan, unchanged: frozenset[str], arg: object) -> list[Any]:
         """Every function of ``plan`` called with ``arg``, outputs concatenated in order;
         a marked function whose fields are all ``unchanged`` gives its previous output."""
         outputs = self.outputs
         out: list[Any] = []
-        for fn, fields, slot in plan:
-            if fields is None:
-                out += fn(arg)
-                continue
-            if fields <= unchanged:
+        for fn, slot, reusable in _steps(plan, unchanged):
+            if reusable:
                 kept = outputs[slot]
                 if kept is not None:
                     out += kept
                     continue
-            fresh = tuple(fn(arg))
-            outputs[slot] = fresh or ()
+            if slot < 0:
+                out += fn(arg)
+                continue
+            fresh = outputs[slot] = tuple(fn(arg))
             out += fresh
         return out
 
 
-_CHANGED = object()
-"""Stands for a field not kept: it is no field's value, so it never compares the same."""
+@functools.cache
+def _reader(stable: tuple[str, ...]) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
+    """The marked fields among ``stable`` and a getter of their values (a tuple)."""
+    names = tuple(f for f in MEMO_FIELDS if f in stable)
+    get = operator.attrgetter(*names) if names else (lambda _b: ())
+    if len(names) == 1:
+        one = get
+        return names, lambda b: (one(b),)
+    return names, get
 
 
-def _kept(fields: tuple[object, ...], keep: tuple[bool, ...]) -> tuple[object, ...]:
-    return tuple(v if k else _CHANGED for v, k in zip(fields, keep, strict=True))
+_STEPS: dict[tuple[int, frozenset[str]], tuple[tuple[Any, int, bool], ...]] = {}
+
+
+def _steps(plan: Plan, unchanged: frozenset[str]) -> tuple[tuple[Any, int, bool], ...]:
+    """``plan``'s functions with their slots and whether their fields are all
+    ``unchanged`` (a function with no slot: never), worked out once per field set."""
+    key = (id(plan), unchanged)
+    steps = _STEPS.get(key)
+    if steps is None:
+        if len(_STEPS) >= 4096:
+            _STEPS.clear()
+        steps = _STEPS[key] = tuple(
+            (fn, slot, fields is not None and slot >= 0 and fields <= unchanged)
+            for fn, fields, slot in plan
+        )
+    return steps
 
 
 Plan = tuple[tuple[Callable[[Any], Iterable[Any]], frozenset[str] | None, int], ...]
@@ -242,7 +260,10 @@ def _result(
     signals: NodeSignals | None, updated: NodeSignals, steady: bool, assessment: Assessment
 ) -> tuple[NodeSignals, Assessment]:
     """What :func:`assess` returns: ``assessment`` says whether the history changed."""
-    if steady or fingerprint(updated) == fingerprint(signals):
+    if signals is None or not signals.counters:  # a first batch: changed if it has counters
+        if not updated.counters:
+            return updated, assessment
+    elif steady or fingerprint(updated) == fingerprint(signals):
         return updated, assessment
     return updated, msgspec.structs.replace(assessment, history_changed=True)
 
