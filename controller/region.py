@@ -174,8 +174,11 @@ class RegionController:
         self._qos[handle] = batch.qos
         self.congestion.observe(batch, received_ts)
         previous = self._signals.get(handle)
-        if previous is None:  # the history as loaded, taken over from the store
-            previous = self.store.signals.pop(handle, None)
+        # The history as loaded (at start, or by a reload on taking the lease) is taken
+        # over from the store: held once. This process's own is newer, when it has one.
+        loaded = self.store.signals.pop(handle, None) if self.store.signals else None
+        if previous is None:
+            previous = loaded
         memo = self._memos.get(handle)
         if memo is None:
             memo = self._memos[handle] = ScoringMemo(REUSED_SECTIONS)
