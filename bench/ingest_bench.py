@@ -373,11 +373,13 @@ async def wait_drained(js: JetStreamContext, stream: str, durables: list[str]) -
 # --- (a) throughput ---------------------------------------------------------------------
 
 
-async def raw_consume(js: JetStreamContext, subjects: Subjects, n: int) -> tuple[float, float]:
+async def raw_consume(
+    js: JetStreamContext, subjects: Subjects, n: int, durable: str = "raw"
+) -> tuple[float, float]:
     """The baseline: pull 256 at a time, decode, ack, until ``n`` messages; (msgs/s, CPU
     ms of this process per message)."""
     sub = await js.pull_subscribe(
-        subjects.all_of("tel"), durable="raw", stream=subjects.stream_telemetry
+        subjects.all_of("tel"), durable=durable, stream=subjects.stream_telemetry
     )
     got = 0
     started = time.perf_counter()
@@ -406,8 +408,14 @@ async def throughput(nc: Client, url: str, n: int, nodes: int, clusters: int) ->
     fill_rate = await fill(js, batches)
     print(f"\n(a) throughput: {n:,} batches from {nodes:,} nodes in {clusters} clusters, "
           f"{size:,.0f} bytes each (stream filled at {fill_rate:,.0f} msgs/s)")  # fmt: skip
-    raw, raw_cpu = await raw_consume(js, subjects, n)
+    # The baseline before and after the controller (interleaved: the machine's load moves
+    # between phases); the ratio is against their mean.
+    raw_before, cpu_before = await raw_consume(js, subjects, n)
     one, stats1 = await run_workers(js, url, subjects, [()], n)
+    raw_after, cpu_after = await raw_consume(js, subjects, n, durable="raw-after")
+    raw, raw_cpu = (raw_before + raw_after) / 2, (cpu_before + cpu_after) / 2
+    print(f"raw consumer before / after the 1-process controller: {raw_before:,.0f} / "
+          f"{raw_after:,.0f} msgs/s (the ratio is against their mean)")  # fmt: skip
 
     subjects2 = Subjects("ibb")
     await ensure_streams(js, subjects2)

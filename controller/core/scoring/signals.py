@@ -11,6 +11,7 @@ and the first after it are unknown and are not counted.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from itertools import pairwise
 
@@ -118,7 +119,8 @@ def take_in(
         current = NodeSignals()
     if not current.counters and max_samples >= 1 and retention_s >= 0:
         return _first(ts, values), False
-    steady = _steady(current, ts, values)
+    cutoff = ts - retention_s if max_samples >= 2 else math.inf  # else: one sample kept
+    steady = _steady(current, ts, values, cutoff)
     if steady is not None:
         return steady, True
     updated = _observe(current, ts, values, retention_s=retention_s, max_samples=max_samples)
@@ -179,9 +181,12 @@ def _first(ts: float, values: Mapping[str, int]) -> NodeSignals:
     return NodeSignals(updated_ts=ts, counters=counters)
 
 
-def _steady(current: NodeSignals, ts: float, values: Mapping[str, int]) -> NodeSignals | None:
-    """The common case cheaply: the same counters, each in a run of two or more equal
-    readings equal to its new value. The run's last sample moves to ``ts``; nothing is
+def _steady(
+    current: NodeSignals, ts: float, values: Mapping[str, int], cutoff: float
+) -> NodeSignals | None:
+    """The common case cheaply: the same counters, each in a run of equal readings equal
+    to its new value (two samples: the run's first and its end marker; or one, newer
+    than ``cutoff``: a node's second batch). The run's end moves to ``ts``; nothing is
     pruned (the run's first sample is the base of any later rise). None otherwise."""
     counters = current.counters
     if len(counters) != len(values) or not counters:
@@ -198,11 +203,19 @@ def _steady(current: NodeSignals, ts: float, values: Mapping[str, int]) -> NodeS
             moved[key] = again
             continue
         samples = history.samples
-        if len(samples) != 2:
+        if len(samples) == 2:
+            first, last = samples
+            value = first[1]
+            if last[1] != value:
+                return None
+        elif len(samples) == 1:
+            first = samples[0]
+            value = first[1]
+            if first[0] < cutoff:
+                return None
+        else:
             return None
-        first, last = samples
-        value = first[1]
-        if last[1] != value or values.get(key) != value:
+        if values.get(key) != value:
             return None
         sample = newest.get(value)
         if sample is None:
