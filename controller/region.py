@@ -285,10 +285,6 @@ class RegionController:
         """A node's scoring history: counter samples behind its rates (for the API)."""
         return self._signals.get(handle) or self.store.signals.get(handle)
 
-    def score_points(self, handle: str) -> list[list[float]]:
-        """A node's recent (time, score) points, oldest first."""
-        return score_points(self._scores.get(handle))
-
     def _keep_score(self, handle: str, ts: float, score: float) -> None:
         """Remember the score for the node page's chart: a point when it changes, else
         one every SCORE_POINT_EVERY_S (so a steady node costs a few points)."""
