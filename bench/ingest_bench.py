@@ -40,6 +40,8 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import cProfile
+import gc
 import json
 import os
 import platform
@@ -52,12 +54,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from metalguard.controller.core.scoring.config import DEFAULT_SCORING
 from metalguard.controller.ingest.consumer import Ingest
 from metalguard.controller.ingest.settings import IngestSettings, StreamKind, durable_name, tune_gc
 from metalguard.controller.natsserver import NatsServer, find_nats_server
@@ -85,6 +89,10 @@ PUBLISH_CHUNK = 500
 """Publishes in flight at once while filling the stream."""
 ISOLATION_GOAL_S = 1.0
 RATIO_GOAL = 0.7
+PROFILE_ENV = "MG_INGEST_BENCH_PROFILE"
+"""A folder: each controller process profiles itself (cProfile) from "go" on, into it."""
+PARTS = ("first-contact", "steady", "latency", "memory")
+"""What ``--only`` can name: the throughput shapes, the latency, the memory per node."""
 
 AER_COR = ("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr")
 AER_UNCOR = ("DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF", "MalfTLP")
@@ -221,6 +229,8 @@ async def worker(url: str, prefix: str, clusters: tuple[str, ...]) -> None:
     settings = IngestSettings(region=REGION, clusters=clusters)
     ingest = Ingest(js, subjects, settings, region)
     loop = asyncio.get_running_loop()
+    profile_dir = os.environ.get(PROFILE_ENV)
+    profiler = cProfile.Profile() if profile_dir else None
     print("ready", flush=True)
     cpu0 = time.process_time()
     running = False
@@ -228,6 +238,8 @@ async def worker(url: str, prefix: str, clusters: tuple[str, ...]) -> None:
         if line.strip() == "go" and not running:
             ingest = Ingest(js, subjects, settings, region)
             cpu0 = time.process_time()
+            if profiler is not None:
+                profiler.enable()
             await ingest.start()
             running = True
         elif line.strip() == "pause" and running:
@@ -236,6 +248,9 @@ async def worker(url: str, prefix: str, clusters: tuple[str, ...]) -> None:
             print("paused", flush=True)
     if running:
         await ingest.stop()
+    if profiler is not None and profile_dir:
+        profiler.disable()
+        profiler.dump_stats(Path(profile_dir) / f"worker-{prefix}-{os.getpid()}.pstats")
     await region.stop()
     stats = ingest.stats()
     cpu = time.process_time() - cpu0
@@ -358,11 +373,13 @@ async def wait_drained(js: JetStreamContext, stream: str, durables: list[str]) -
 # --- (a) throughput ---------------------------------------------------------------------
 
 
-async def raw_consume(js: JetStreamContext, subjects: Subjects, n: int) -> tuple[float, float]:
+async def raw_consume(
+    js: JetStreamContext, subjects: Subjects, n: int, durable: str = "raw"
+) -> tuple[float, float]:
     """The baseline: pull 256 at a time, decode, ack, until ``n`` messages; (msgs/s, CPU
     ms of this process per message)."""
     sub = await js.pull_subscribe(
-        subjects.all_of("tel"), durable="raw", stream=subjects.stream_telemetry
+        subjects.all_of("tel"), durable=durable, stream=subjects.stream_telemetry
     )
     got = 0
     started = time.perf_counter()
@@ -391,8 +408,14 @@ async def throughput(nc: Client, url: str, n: int, nodes: int, clusters: int) ->
     fill_rate = await fill(js, batches)
     print(f"\n(a) throughput: {n:,} batches from {nodes:,} nodes in {clusters} clusters, "
           f"{size:,.0f} bytes each (stream filled at {fill_rate:,.0f} msgs/s)")  # fmt: skip
-    raw, raw_cpu = await raw_consume(js, subjects, n)
+    # The baseline before and after the controller (interleaved: the machine's load moves
+    # between phases); the ratio is against their mean.
+    raw_before, cpu_before = await raw_consume(js, subjects, n)
     one, stats1 = await run_workers(js, url, subjects, [()], n)
+    raw_after, cpu_after = await raw_consume(js, subjects, n, durable="raw-after")
+    raw, raw_cpu = (raw_before + raw_after) / 2, (cpu_before + cpu_after) / 2
+    print(f"raw consumer before / after the 1-process controller: {raw_before:,.0f} / "
+          f"{raw_after:,.0f} msgs/s (the ratio is against their mean)")  # fmt: skip
 
     subjects2 = Subjects("ibb")
     await ensure_streams(js, subjects2)
@@ -402,7 +425,11 @@ async def throughput(nc: Client, url: str, n: int, nodes: int, clusters: int) ->
 
     report("", raw, one, two, stats1 + stats2, raw_cpu)
 
-    # Steady state: the controllers know every node (two warm-up cycles) before "go".
+
+async def steady(nc: Client, url: str, n: int, nodes: int, clusters: int) -> None:
+    """Steady state: the controllers know every node (two warm-up cycles) before "go"."""
+    js = nc.jetstream(timeout=30)
+    names = [cluster_name(i) for i in range(clusters)]
     warm = 2 * nodes
     owners = [tuple(names[0::2]), tuple(names[1::2])]
     rates: list[float] = []
@@ -540,6 +567,170 @@ async def latency(nc: Client, url: str, clusters: int, per_cluster: int, failing
     print(f"control events seen: {dict(sorted(kinds.items()))}")
 
 
+# --- (c) memory per node ----------------------------------------------------------------
+
+MEMORY_GOAL_KIB = 8.0
+FLEETS = {
+    "": "one hardware model",
+    "edac": "each node's own EDAC counts",
+    "all": "own EDAC counts, PCIe addrs",
+}
+MEMORY_CYCLES = 2
+"""Batches per node before the memory is measured: the first (record and history made)
+and the next (the steady path's first: liveness cached, sections and rule outputs reused)."""
+
+
+class _StubKV:
+    """Just enough of a KV bucket for NodeStore's writes (no server, no I/O)."""
+
+    def __init__(self) -> None:
+        self.revision = 0
+
+    async def create(self, key: str, value: bytes) -> int:
+        self.revision += 1
+        return self.revision
+
+    async def update(self, key: str, value: bytes, last: int | None = None) -> int:
+        return await self.create(key, value)
+
+    async def put(self, key: str, value: bytes) -> int:
+        return await self.create(key, value)
+
+    async def delete(self, key: str) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class _StubMsg:
+    subject: str
+    data: bytes
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (Linux: /proc/self/statm)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def deep_size(root: object, seen: set[int]) -> int:
+    """Bytes of ``root`` and everything it holds that ``seen`` does not have yet (added
+    to it): shared objects are counted once, in the first part that reaches them."""
+    total = 0
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, type) or callable(obj):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, dict):
+            stack += obj.keys()
+            stack += obj.values()
+        elif isinstance(obj, list | tuple | set | frozenset | collections.deque):
+            stack += obj
+        elif hasattr(obj, "__struct_fields__"):
+            stack += (getattr(obj, f) for f in obj.__struct_fields__)
+        else:
+            for cls in type(obj).__mro__:
+                for slot in getattr(cls, "__slots__", ()):
+                    if hasattr(obj, slot):
+                        stack.append(getattr(obj, slot))
+            if hasattr(obj, "__dict__"):
+                stack.append(vars(obj))
+    return total
+
+
+def memory_worker(nodes: int, clusters: int, distinct: str, breakdown: bool) -> None:
+    """Feed ``nodes`` nodes' first MEMORY_CYCLES batches through ingest's decoding and
+    the region controller (KV stubbed), in this process; print the RSS it grew by."""
+    asyncio.run(_memory_worker(nodes, clusters, distinct, breakdown))
+
+
+async def _memory_worker(nodes: int, clusters: int, distinct: str, breakdown: bool) -> None:
+    js: Any = None  # healthy nodes publish nothing
+    subjects = Subjects("ibm")
+    store = NodeStore(_StubKV(), js)  # type: ignore[arg-type]
+    region = RegionController(js, store, subjects, REGION)
+    ingest = Ingest(js, subjects, IngestSettings(region=REGION), region)
+    route = ingest._routes[0]  # telemetry: what the fetch loop does with each message
+    templates = [make_batch(cluster_name(0), node_name(0), seq=c) for c in range(1, 3)]
+    gc.collect()
+    before = rss_bytes()
+    started = time.perf_counter()
+    for template in templates:
+        for i in range(nodes):
+            cluster, node = cluster_name(i % clusters), node_name(i)
+            batch = msgspec.structs.replace(
+                template, node=NodeIdentity(region=REGION, cluster=cluster, node=node)
+            )
+            if distinct:  # this node's own EDAC counts (and PCIe addresses)
+                edac = tuple(msgspec.structs.replace(mc, ce_count=i) for mc in batch.edac)
+                batch = msgspec.structs.replace(batch, edac=edac)
+            if distinct == "all":
+                pcie = tuple(
+                    msgspec.structs.replace(d, address=f"{i:04x}:{d.address[5:]}")
+                    for d in batch.pcie
+                )
+                batch = msgspec.structs.replace(batch, pcie=pcie)
+            msg = _StubMsg(subjects.telemetry(REGION, cluster, node), encode(batch))
+            verdict = ingest._classify(route, msg)  # type: ignore[arg-type]
+            assert isinstance(verdict, tuple), verdict
+            assert isinstance(verdict[1], TelemetryBatch)
+            rest = region.on_batch_now(verdict[1], time.time())
+            if rest is not None:
+                await rest()
+    elapsed = time.perf_counter() - started
+    gc.collect()
+    grown = rss_bytes() - before
+    out: dict[str, Any] = {"rss": grown, "batch_ms": elapsed * 1000 / (nodes * len(templates))}
+    if breakdown:
+        seen: set[int] = set()
+        deep_size(DEFAULT_SCORING, seen)  # shared by all, not per node
+        parts = {
+            "decoder": (ingest._batches, ingest._parsed),
+            "records": (store.records, store._revisions, store._unwritten, store._sizes),
+            "history": (region._signals, store.signals),
+            "memo": region._memos,
+            "scores": region._scores,
+            "other": (region._qos, region._bmc, region.topology, region.congestion),
+        }
+        out["parts"] = {name: deep_size(part, seen) for name, part in parts.items()}
+    print(json.dumps(out))
+
+
+async def memory(counts: list[int], clusters: int) -> None:
+    """(c): the controller's memory per node at each of ``counts`` nodes, one child
+    process each (a fresh heap), for a fleet of one hardware model and, at the first
+    count, for one whose every node has its own EDAC counts, then its own EDAC counts and
+    PCIe addresses (every section distinct: nothing shared)."""
+    print(f"\n(c) memory per node: each node's first {MEMORY_CYCLES} batches through ingest's "
+          "decoding and one region controller, in one process (KV stubbed: the state kept, "
+          "not the I/O); RSS grown / nodes")  # fmt: skip
+    print(f"{'nodes':>9} {'fleet':<30} {'RSS grown':>10} {'KiB/node':>9} {'ms/batch':>9}")
+    shapes = [(n, "") for n in counts] + [(counts[0], "edac"), (counts[0], "all")]
+    worst = 0.0
+    for n, distinct in shapes:
+        cmd = [sys.executable, __file__, "--memory-worker", str(n), "--clusters", "20"]
+        cmd += ["--distinct", distinct] if distinct else []
+        cmd += ["--breakdown"] if n == counts[0] else []
+        done = await asyncio.to_thread(
+            subprocess.run, cmd, capture_output=True, text=True, timeout=900, check=True
+        )
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        per_node = got["rss"] / 1024 / n
+        if not distinct:
+            worst = max(worst, per_node)
+        fleet = FLEETS[distinct]
+        print(f"{n:>9,} {fleet:<30} {got['rss'] / 2**20:>6.1f} MiB {per_node:>9.2f} "
+              f"{got['batch_ms']:>9.3f}")  # fmt: skip
+        if "parts" in got:
+            parts = ", ".join(f"{k} {v / 1024 / n:.2f}" for k, v in got["parts"].items())
+            print(f"{'':>9} objects held, KiB/node: {parts}")
+    verdict = "met" if worst <= MEMORY_GOAL_KIB else "missed"
+    print(f"controller memory per node = {worst:.2f} KiB at most, one hardware model (goal "
+          f"<= {MEMORY_GOAL_KIB:g} KiB: {verdict})")  # fmt: skip
+
+
 # --- main ---------------------------------------------------------------------------------
 
 
@@ -564,8 +755,15 @@ async def measure(args: argparse.Namespace, root: Path) -> None:
         print(machine_note())
         if args.quick:
             print("quick mode: tiny sizes (smoke test), figures not meaningful")
-        await throughput(nc, url, args.batches, args.nodes, args.clusters)
-        await latency(nc, url, args.lat_clusters, args.lat_per_cluster, args.lat_failing)
+        parts = set(args.only.split(","))
+        if "first-contact" in parts:
+            await throughput(nc, url, args.batches, args.nodes, args.clusters)
+        if "steady" in parts:
+            await steady(nc, url, args.batches, args.nodes, args.clusters)
+        if "latency" in parts:
+            await latency(nc, url, args.lat_clusters, args.lat_per_cluster, args.lat_failing)
+        if "memory" in parts:
+            await memory([int(n) for n in args.memory_nodes.split(",")], args.clusters)
     finally:
         await nc.close()
         await asyncio.to_thread(server.close)
@@ -580,11 +778,25 @@ def main() -> int:
     parser.add_argument("--lat-clusters", type=int, default=20)
     parser.add_argument("--lat-per-cluster", type=int, default=500)
     parser.add_argument("--lat-failing", type=int, default=25)
+    parser.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all)",
+    )
+    parser.add_argument(
+        "--memory-nodes", default="10000,100000", help="node counts of the memory part"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--distinct", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--breakdown", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--own", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_worker is not None:
+        memory_worker(args.memory_worker, args.clusters, args.distinct, args.breakdown)
+        return 0
     if args.worker:
         own = tuple(c for c in args.own.split(",") if c)
         asyncio.run(worker(args.url, args.prefix, own))
@@ -592,6 +804,7 @@ def main() -> int:
     if args.quick:
         args.batches, args.nodes, args.clusters = 400, 40, 4
         args.lat_clusters, args.lat_per_cluster, args.lat_failing = 4, 50, 5
+        args.memory_nodes = "200,400"
     with tempfile.TemporaryDirectory(prefix="mg-ingest-bench-") as tmp:
         asyncio.run(measure(args, Path(tmp)))
     return 0

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from array import array
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -47,6 +47,7 @@ from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringCo
 from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, ScoringMemo, assess
 from metalguard.controller.core.topology import TopologyView, with_topology
 from metalguard.controller.decision_metrics import DecisionMetrics
+from metalguard.controller.ingest.consumer import REUSED_SECTIONS
 from metalguard.controller.state.store import NodeStore, StoreConflictError
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import encode
@@ -63,6 +64,13 @@ SCORE_POINT_EVERY_S = 60.0
 """A steady score gets a point this often; a changed score at once."""
 CONFLICT_RETRIES = 3
 """Rounds decided again after a compare-and-set conflict before giving up."""
+
+
+def score_points(points: array[float] | None) -> list[list[float]]:
+    """``[[time, score], ...]`` of a flat time, score, ... array."""
+    if not points:
+        return []
+    return [[points[i], points[i + 1]] for i in range(0, len(points), 2)]
 
 
 class RegionController:
@@ -116,8 +124,9 @@ class RegionController:
         self.congestion = CongestionTracker()
         """Pause frames and RDMA transmit waits per cluster (``GET /v1/qos``): the fabric's
         congestion, kept beside the score, never in it."""
-        self._scores: dict[str, deque[tuple[float, float]]] = {}
-        """Recent (time, score) points of each node, for the node page (in memory)."""
+        self._scores: dict[str, array[float]] = {}
+        """Recent score points of each node, for the node page (in memory): time, score,
+        time, score... (a flat array of doubles: 16 bytes a point)."""
         self._signals: dict[str, NodeSignals] = {}
         self._memos: dict[str, ScoringMemo] = {}
         """Each node's scoring memo (reuse of unchanged sections' rule outputs)."""
@@ -164,10 +173,15 @@ class RegionController:
         batch = with_topology(batch, resolved)  # the rules read the resolved topology
         self._qos[handle] = batch.qos
         self.congestion.observe(batch, received_ts)
-        previous = self._signals.get(handle) or self.store.signals.get(handle)
+        previous = self._signals.get(handle)
+        # The history as loaded (at start, or by a reload on taking the lease) is taken
+        # over from the store: held once. This process's own is newer, when it has one.
+        loaded = self.store.signals.pop(handle, None) if self.store.signals else None
+        if previous is None:
+            previous = loaded
         memo = self._memos.get(handle)
         if memo is None:
-            memo = self._memos[handle] = ScoringMemo()
+            memo = self._memos[handle] = ScoringMemo(REUSED_SECTIONS)
         signals, assessment = assess(previous, batch, self._scoring, memo)
         self._signals[handle] = signals
         self._keep_score(handle, received_ts, assessment.score)
@@ -276,10 +290,14 @@ class RegionController:
         one every SCORE_POINT_EVERY_S (so a steady node costs a few points)."""
         points = self._scores.get(handle)
         if points is None:
-            points = self._scores[handle] = deque(maxlen=SCORE_POINTS_KEPT)
-        if points and points[-1][1] == score and ts - points[-1][0] < SCORE_POINT_EVERY_S:
+            self._scores[handle] = array("d", (ts, score))
             return
-        points.append((ts, score))
+        if points[-1] == score and ts - points[-2] < SCORE_POINT_EVERY_S:
+            return
+        points.append(ts)
+        points.append(score)
+        if len(points) > 2 * SCORE_POINTS_KEPT:
+            del points[:2]
 
     def congestion_view(self) -> CongestionView:
         """Each cluster's congestion now (docs/qos.md, "Congestion per cluster")."""
@@ -294,7 +312,7 @@ class RegionController:
         newest batch and its BMC's newest out-of-band word (empty when none)."""
         out: dict[str, Any] = {
             "qos": [msgspec.to_builtins(q) for q in self._qos.get(handle, ())],
-            "scores": [list(point) for point in self._scores.get(handle, ())],
+            "scores": score_points(self._scores.get(handle)),
         }
         word = self._bmc.get(handle)
         if word is not None:

@@ -158,6 +158,17 @@ def _members(expected: Any) -> tuple[Any, ...]:
     return tuple(m for m in members if hasattr(m, "__struct_config__")) or (expected,)
 
 
+class _Section:
+    """One decoded section, shared by every sender whose section has these bytes."""
+
+    __slots__ = ("raw", "users", "value")
+
+    def __init__(self, raw: msgspec.Raw, value: Any) -> None:
+        self.raw = raw
+        self.value = value
+        self.users = 0
+
+
 class SectionReuse(Generic[M]):
     """Decodes messages of one type, sender after sender, reusing the decoded value of
     every *section* (a field holding records) whose bytes are those of the same section
@@ -165,13 +176,18 @@ class SectionReuse(Generic[M]):
     after batch, so they are neither decoded nor allocated again, and the scorer can tell
     them unchanged by identity (controller.scoring.ScoringMemo).
 
+    Sections are also shared between senders: one decoded value (and one copy of its
+    bytes) per distinct section, kept while some sender's previous message has it (a
+    fleet of one hardware model sends a handful of distinct PCIe sections, not one per
+    node), so what a sender costs is a reference per section.
+
     The result equals ``decode(data, expected)`` (tests/unit/test_codec_reuse.py); every
     failure, and anything unusual (a newer ``v``, another type), is handed to
     :func:`decode`, so the error is the same too. The wire format is untouched.
     """
 
     def __init__(
-        self, expected: type[M], sections: Iterable[str], *, max_senders: int = 100_000
+        self, expected: type[M], sections: Iterable[str], *, max_senders: int = 1_000_000
     ) -> None:
         info = {f.name: f for f in msgspec.structs.fields(expected)}
         chosen = tuple(sections)
@@ -203,10 +219,19 @@ class SectionReuse(Generic[M]):
         self._lazy = msgspec.msgpack.Decoder(lazy)
         self._names = tuple(info)
         self._sections = tuple(
-            (info[name].name, msgspec.msgpack.Decoder(info[name].type)) for name in chosen
+            (i, info[name].name, msgspec.msgpack.Decoder(info[name].type))
+            for i, name in enumerate(chosen)
         )
         self._max_senders = max_senders
-        self._previous: dict[str, dict[str, tuple[msgspec.Raw, Any]]] = {}
+        self._previous: dict[str, list[_Section | None]] = {}
+        """Each sender's sections of its previous message, in ``sections`` order."""
+        self._shared: list[dict[bytes, _Section]] = [{} for _ in chosen]
+        """Per section, every distinct one some sender's previous message has, by bytes."""
+
+    @property
+    def distinct(self) -> int:
+        """How many distinct sections are kept (all senders together)."""
+        return sum(len(shared) for shared in self._shared)
 
     def decode(self, sender: str, data: bytes | bytearray | memoryview) -> M:
         """Decode ``data`` (from ``sender``) into ``expected``; CodecError if it cannot."""
@@ -217,29 +242,54 @@ class SectionReuse(Generic[M]):
         previous = self._previous.get(sender)
         if previous is None:
             if len(self._previous) >= self._max_senders:
-                self._previous.clear()
-            previous = self._previous[sender] = {}
+                self._forget_all()
+            previous = self._previous[sender] = [None] * len(self._sections)
         values = dict(zip(self._names, msgspec.structs.astuple(lazy), strict=True))
-        for name, decoder in self._sections:
+        for i, name, decoder in self._sections:
             raw = values[name]
             if raw is msgspec.UNSET:
                 del values[name]  # absent: the field's default
                 continue
-            kept = previous.get(name)
-            if kept is not None and kept[0] == raw:
-                values[name] = kept[1]
+            kept = previous[i]
+            if kept is not None and kept.raw == raw:
+                values[name] = kept.value
                 continue
-            try:
-                value = decoder.decode(raw)
-            except (msgspec.DecodeError, TypeError, RecursionError):
-                previous.pop(name, None)
-                return decode(data, self._expected)  # raises the canonical error
-            previous[name] = (raw.copy(), value)
-            values[name] = value
+            shared = self._shared[i]
+            key = bytes(raw)
+            section = shared.get(key)
+            if section is None:
+                try:
+                    value = decoder.decode(raw)
+                except (msgspec.DecodeError, TypeError, RecursionError):
+                    self._leave(i, previous)
+                    return decode(data, self._expected)  # raises the canonical error
+                section = shared[key] = _Section(msgspec.Raw(key), value)
+            self._leave(i, previous)
+            section.users += 1
+            previous[i] = section
+            values[name] = section.value
         if getattr(lazy, "v", SCHEMA_VERSION) > SCHEMA_VERSION:
             return decode(data, self._expected)  # raises: newer than supported
         return self._expected(**values)
 
+    def _leave(self, i: int, previous: list[_Section | None]) -> None:
+        """The sender no longer has its section ``i``: dropped when no sender has it."""
+        kept = previous[i]
+        if kept is None:
+            return
+        previous[i] = None
+        kept.users -= 1
+        if kept.users <= 0:
+            self._shared[i].pop(bytes(kept.raw), None)
+
     def forget(self, sender: str) -> None:
         """Drop what is kept of ``sender``'s previous message."""
-        self._previous.pop(sender, None)
+        previous = self._previous.pop(sender, None)
+        if previous is not None:
+            for i in range(len(previous)):
+                self._leave(i, previous)
+
+    def _forget_all(self) -> None:
+        self._previous.clear()
+        for shared in self._shared:
+            shared.clear()

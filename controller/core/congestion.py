@@ -121,6 +121,17 @@ class CongestionTracker:
         sample = dict(_counters(batch))
         degraded = tuple(q for q in batch.qos if q.status == "degraded")
         prev = self._nodes.get(handle)
+        if prev is not None and not sample and not prev.sample and batch.ts != prev.ts:
+            # No counters now or before (most nodes): what a new _Node would hold, in place.
+            prev.ts, prev.received_ts, prev.degraded, prev.rates = (
+                batch.ts,
+                received_ts,
+                degraded,
+                None,
+            )
+            if received_ts - self._pruned_ts >= PRUNE_EVERY_S:
+                self.prune(received_ts)
+            return
         node = _Node(
             batch.node.region,
             batch.node.cluster,

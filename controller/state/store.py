@@ -37,6 +37,7 @@ from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
 _signals_decoder = msgspec.msgpack.Decoder(NodeSignals)
+_signals_encoder = msgspec.msgpack.Encoder()
 
 RAIL_PREFIX = "_rail."
 OUTBOX_PREFIX = "_outbox."
@@ -87,7 +88,9 @@ class NodeStore:
         """Pending events by event id."""
         self._sizes: Counter[ClusterKey] = Counter()
         self.signals: dict[str, NodeSignals] = {}
-        """Scoring history by node handle, as last persisted."""
+        """Scoring history by node handle, as loaded from KV: the controller takes a
+        node's out (``pop``) at its first batch and keeps it itself from then on, so a
+        node's history is held once."""
         self._unwritten: set[str] = set()
         """Handles whose cached record is newer than KV in liveness fields only."""
 
@@ -184,11 +187,9 @@ class NodeStore:
         self.rails[(state.region, state.cluster)] = state
 
     async def put_signals(self, handle: str, signals: NodeSignals) -> None:
-        """Persist a node's scoring history (plain put: the controller is its one writer)."""
-        self._revisions[SIGNALS_PREFIX + handle] = await self._kv.put(
-            SIGNALS_PREFIX + handle, msgspec.msgpack.encode(signals)
-        )
-        self.signals[handle] = signals
+        """Persist a node's scoring history (plain put: the controller is its one writer,
+        and keeps it: it is not cached here)."""
+        await self._kv.put(SIGNALS_PREFIX + handle, _signals_encoder.encode(signals))
 
     async def add_pending(self, events: Iterable[ControllerEvent]) -> None:
         """Keep ``events`` in the outbox until :meth:`remove_pending` (plain puts)."""
@@ -242,13 +243,13 @@ class NodeStore:
         if entry.value is None or entry.revision is None:
             self._forget(key)
             return
-        self._revisions[key] = entry.revision
-        if key.startswith(SIGNALS_PREFIX):
+        if key.startswith(SIGNALS_PREFIX):  # plain puts: no revision kept
             try:
                 self.signals[key[len(SIGNALS_PREFIX) :]] = _signals_decoder.decode(entry.value)
             except msgspec.DecodeError as exc:
                 log.error("KV key %r holds undecodable scoring history, ignored: %s", key, exc)
             return
+        self._revisions[key] = entry.revision
         try:
             value = decode(entry.value)
         except CodecError as exc:

@@ -126,6 +126,16 @@ def test_ingest_bench_quick_prints_figures() -> None:
     assert row, out
     assert row.group(1) == row.group(2) == "20", "every failing node isolated"
     assert re.search(r"^p99 fault-to-isolation = [\d.]+ s \(goal <= 1 s: (met|missed)\)", out, re.M)
+    per_node = re.findall(
+        r"^\s+[\d,]+ (?:one hardware|each node|own EDAC).*\s([\d.]+)\s+[\d.]+$", out, re.M
+    )
+    assert len(per_node) == 4, out  # 200 and 400 nodes, then the two other fleets at 200
+    assert re.search(
+        r"^controller memory per node = [\d.]+ KiB at most, one hardware model "
+        r"\(goal <= 8 KiB: (met|missed)\)",
+        out,
+        re.M,
+    )
 
 
 def test_bmc_proxy_bench_quick_prints_figures() -> None:

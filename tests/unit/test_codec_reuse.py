@@ -52,7 +52,7 @@ def test_unchanged_sections_come_back_as_the_same_objects() -> None:
     assert second.pcie is first.pcie
     assert (second.seq, second.ts) == (2, first.ts + 5.0)
     other = reuse.decode("n2", encode(batch(5.0, 2, edac=edac)))
-    assert other.edac is not first.edac  # another sender: its own memory
+    assert other.edac is first.edac  # another sender with the same bytes: shared
     changed = reuse.decode("n1", encode(batch(10.0, 3, edac=(EdacController(mc=0),))))
     assert changed.edac == (EdacController(mc=0),)
     assert changed.edac is not first.edac
@@ -127,3 +127,54 @@ def test_it_refuses_unknown_sections() -> None:
 
 def test_the_reused_sections_are_batch_fields() -> None:
     assert set(REUSED_SECTIONS) <= set(TelemetryBatch.__struct_fields__)
+
+
+def test_a_section_is_kept_while_some_sender_has_it() -> None:
+    reuse = SectionReuse(TelemetryBatch, ("edac",))
+    one, two = (EdacController(mc=0, ce_count=1),), (EdacController(mc=0, ce_count=2),)
+    a = reuse.decode("a", encode(batch(0.0, 1, edac=one)))
+    b = reuse.decode("b", encode(batch(0.0, 1, edac=one)))
+    assert b.edac is a.edac
+    assert reuse.distinct == 1
+    moved = reuse.decode("a", encode(batch(5.0, 2, edac=two)))  # "b" still has the first
+    assert moved.edac == two
+    assert reuse.distinct == 2
+    assert reuse.decode("c", encode(batch(5.0, 2, edac=one))).edac is a.edac
+    reuse.decode("b", encode(batch(5.0, 2, edac=two)))
+    reuse.forget("c")  # nobody has the first any more: dropped
+    assert reuse.distinct == 1
+    again = reuse.decode("c", encode(batch(9.0, 3, edac=one)))
+    assert again.edac == one
+    assert again.edac is not a.edac
+
+
+def test_it_forgets_everything_past_max_senders() -> None:
+    reuse = SectionReuse(TelemetryBatch, ("edac",), max_senders=2)
+    edac = (EdacController(mc=0, ce_count=1),)
+    for sender in ("a", "b", "c"):
+        got = reuse.decode(sender, encode(batch(0.0, 1, edac=edac)))
+        assert got.edac == edac
+    assert reuse.distinct == 1  # "c" only: the table was emptied at the third sender
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sequence=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 2), st.booleans()),
+        max_size=20,
+    )
+)
+def test_shared_sections_equal_a_plain_decode(sequence: list[tuple[str, int, bool]]) -> None:
+    """Senders moving between a few sections, some forgotten: always a plain decode's
+    value, and the table holds exactly the sections some sender has now."""
+    reuse = SectionReuse(TelemetryBatch, ("edac",))
+    has: dict[str, int] = {}
+    for step, (sender, count, forget) in enumerate(sequence):
+        if forget:
+            reuse.forget(sender)
+            has.pop(sender, None)
+            continue
+        data = encode(batch(float(step), step + 1, edac=(EdacController(mc=0, ce_count=count),)))
+        assert reuse.decode(sender, data) == decode(data, TelemetryBatch)
+        has[sender] = count
+        assert reuse.distinct == len(set(has.values()))

@@ -15,8 +15,15 @@ from hypothesis import strategies as st
 from metalguard.controller.core.rules import COUNTER_SOURCES, RULES, Context
 from metalguard.controller.core.rules.base import READS
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringConfig
-from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, ScoringMemo, assess
+from metalguard.controller.core.scoring.engine import (
+    MEMO_FIELDS,
+    Assessment,
+    NodeSignals,
+    ScoringMemo,
+    assess,
+)
 from metalguard.controller.core.scoring.signals import observe
+from metalguard.controller.ingest.consumer import REUSED_SECTIONS
 from metalguard.proto.telemetry import EdacController, EdacDimm, TelemetryBatch
 from tests.unit.batch_strategies import node_batches
 from tests.unit.scoring_helpers import batch, pci
@@ -100,15 +107,16 @@ def test_assess_with_a_memo_is_assess(
             base = msgspec.structs.replace(drawn, edac=current.edac, pcie=current.pcie)
         nxt = msgspec.structs.replace(base, ts=current.ts + gap, seq=current.seq + 1)
         sequence.append(share(nxt, current))
-    memo = ScoringMemo()
+    memos = [ScoringMemo(), ScoringMemo(REUSED_SECTIONS), ScoringMemo(("edac",))]
     plain: NodeSignals | None = None
-    memoed: NodeSignals | None = None
+    memoed: list[NodeSignals | None] = [None] * len(memos)
     for i, b in enumerate(sequence):
         config: ScoringConfig = tighter if other_config and i % 3 == 2 else DEFAULT_SCORING
         plain, expected = assess(plain, b, config)
-        memoed, got = assess(memoed, b, config, memo)
-        assert memoed == plain
-        assert got == expected
+        for k, memo in enumerate(memos):  # keeping every field, ingest's sections, one
+            memoed[k], got = assess(memoed[k], b, config, memo)
+            assert memoed[k] == plain
+            assert got == expected
 
 
 def test_the_memo_reuses_outputs_and_the_assessment() -> None:
@@ -125,3 +133,18 @@ def test_the_memo_reuses_outputs_and_the_assessment() -> None:
     fresh: Assessment = assess(None, batch(0.0, 1, edac=edac, pcie=pcie))[1]
     assert fresh == first
     assert fresh is not first
+
+
+def test_a_memo_with_stable_fields_keeps_only_those() -> None:
+    """The fields ingest never hands back unchanged (fans, temperatures, collector
+    timings) are not kept from one batch to the next: the previous batch is not held."""
+    edac = (EdacController(mc=0, dimms=(EdacDimm(name="dimm0", ce_count=1),)),)
+    memo = ScoringMemo(("edac",))
+    first = batch(0.0, 1, edac=edac)
+    assess(None, first, memo=memo)
+    assert memo.read[0] == ("edac",)
+    assert memo.fields is not None
+    assert len(memo.fields) == 1
+    assert memo.fields[0] is first.edac
+    assert set(MEMO_FIELDS) > {"edac", "hwmon", "collectors"}
+    assert memo.unchanged(batch(5.0, 2, edac=edac), DEFAULT_SCORING) == {"edac"}

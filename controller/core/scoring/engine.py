@@ -10,6 +10,7 @@ Findings of severity ``info`` are notes: they explain, they cost nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable, Iterable
@@ -26,7 +27,12 @@ from metalguard.controller.core.scoring.config import (
     Rules,
     ScoringConfig,
 )
-from metalguard.controller.core.scoring.signals import NodeSignals, fingerprint, take_in
+from metalguard.controller.core.scoring.signals import (
+    NodeSignals,
+    fingerprint,
+    shared_key,
+    take_in,
+)
 from metalguard.proto.base import Reason
 from metalguard.proto.nodes import Grade
 from metalguard.proto.telemetry import TelemetryBatch
@@ -77,61 +83,102 @@ class ScoringMemo:
     of ``assess`` without it (tests/unit/test_scoring_memo.py).
     """
 
-    __slots__ = ("assessment", "batch", "config", "found", "outputs", "values")
+    __slots__ = ("assessment", "config", "fields", "found", "outputs", "read", "values")
 
-    def __init__(self) -> None:
-        self.batch: TelemetryBatch | None = None
+    def __init__(self, stable: Iterable[str] | None = None) -> None:
+        self.read = _reader(MEMO_FIELDS if stable is None else tuple(stable))
+        """``stable``: the only fields that can come back as the same objects (the
+        sections ingest's decoder reuses); the others are not kept between batches, and
+        count as changed (None: every field some marked function reads)."""
+        self.fields: tuple[object, ...] | None = None
+        """The previous batch's values of those fields (only those: the rest of the
+        batch is not kept)."""
         self.config: ScoringConfig | None = None
-        self.outputs: dict[object, tuple[object, ...]] = {}
-        """Marked function -> its output for ``batch``."""
+        self.outputs: list[tuple[object, ...] | None] = [None] * len(_SLOTS)
+        """Each marked function's output for the previous batch, by its slot."""
         self.values: dict[str, int] | None = None
-        """The counter values of ``batch``."""
+        """The counter values of the previous batch."""
         self.found: list[Finding] | None = None
         self.assessment: Assessment | None = None
         """The summary of ``found``."""
 
     def unchanged(self, batch: TelemetryBatch, config: ScoringConfig) -> frozenset[str]:
         """The fields of ``batch`` that are the previous batch's objects (under the same
-        config object); then remembers ``batch`` as the previous one."""
-        before, self.batch = self.batch, batch
-        if before is None or config is not self.config:
+        config object); then remembers ``batch``'s as the previous ones."""
+        names, read = self.read
+        now = read(batch)
+        then, self.fields = self.fields, now
+        if then is None or config is not self.config:
             self.config = config
-            self.outputs.clear()
+            self.outputs = [None] * len(_SLOTS)
             self.found = self.assessment = None
             return frozenset()
-        now, then = _memo_fields(batch), _memo_fields(before)
-        return frozenset([f for f, a, b in zip(_MEMO_FIELDS, now, then, strict=True) if a is b])
+        return frozenset([f for f, a, b in zip(names, now, then, strict=True) if a is b])
 
     def run(self, plan: Plan, unchanged: frozenset[str], arg: object) -> list[Any]:
         """Every function of ``plan`` called with ``arg``, outputs concatenated in order;
         a marked function whose fields are all ``unchanged`` gives its previous output."""
         outputs = self.outputs
         out: list[Any] = []
-        for fn, fields in plan:
-            if fields is None:
-                out += fn(arg)
-                continue
-            if fields <= unchanged:
-                kept = outputs.get(fn)
+        for fn, slot, reusable in _steps(plan, unchanged):
+            if reusable:
+                kept = outputs[slot]
                 if kept is not None:
                     out += kept
                     continue
-            fresh = outputs[fn] = tuple(fn(arg))
+            if slot < 0:
+                out += fn(arg)
+                continue
+            fresh = outputs[slot] = tuple(fn(arg))
             out += fresh
         return out
 
 
-Plan = tuple[tuple[Callable[[Any], Iterable[Any]], frozenset[str] | None], ...]
-"""Functions to call in order, each with the fields it reads (None: unmarked)."""
+@functools.cache
+def _reader(stable: tuple[str, ...]) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
+    """The marked fields among ``stable`` and a getter of their values (a tuple)."""
+    names = tuple(f for f in MEMO_FIELDS if f in stable)
+    get = operator.attrgetter(*names) if names else (lambda _b: ())
+    if len(names) == 1:
+        one = get
+        return names, lambda b: (one(b),)
+    return names, get
+
+
+_STEPS: dict[tuple[int, frozenset[str]], tuple[tuple[Any, int, bool], ...]] = {}
+
+
+def _steps(plan: Plan, unchanged: frozenset[str]) -> tuple[tuple[Any, int, bool], ...]:
+    """``plan``'s functions with their slots and whether their fields are all
+    ``unchanged`` (a function with no slot: never), worked out once per field set."""
+    key = (id(plan), unchanged)
+    steps = _STEPS.get(key)
+    if steps is None:
+        if len(_STEPS) >= 4096:
+            _STEPS.clear()
+        steps = _STEPS[key] = tuple(
+            (fn, slot, fields is not None and slot >= 0 and fields <= unchanged)
+            for fn, fields, slot in plan
+        )
+    return steps
+
+
+Plan = tuple[tuple[Callable[[Any], Iterable[Any]], frozenset[str] | None, int], ...]
+"""Functions to call in order, each with the fields it reads (None: unmarked) and its
+slot in :attr:`ScoringMemo.outputs`."""
 
 
 def _plan(functions: Iterable[Callable[[Any], Iterable[Any]]]) -> Plan:
-    return tuple((fn, READS.get(fn)) for fn in functions)
+    return tuple((fn, READS.get(fn), _SLOTS.get(fn, -1)) for fn in functions)
 
 
-_MEMO_FIELDS = tuple(sorted({f for fields in READS.values() for f in fields}))
+_SLOTS: dict[object, int] = {
+    fn: i for i, fn in enumerate(dict.fromkeys(f for f in RULES if f in READS))
+}
+"""A slot per marked function, in :attr:`ScoringMemo.outputs`."""
+MEMO_FIELDS = tuple(sorted({f for fields in READS.values() for f in fields}))
 """The batch fields some marked function reads."""
-_memo_fields = operator.attrgetter(*_MEMO_FIELDS)
+_memo_fields = operator.attrgetter(*MEMO_FIELDS)
 
 
 def assess(
@@ -168,7 +215,11 @@ def _assess_memo(
     unchanged = memo.unchanged(batch, config)
     values = memo.values
     if values is None or not unchanged >= _COUNTER_FIELDS:
-        values = memo.values = dict(memo.run(_SOURCES_PLAN, unchanged, batch))
+        # The sources' outputs are not kept (only the values; the keys shared with the
+        # history's): they are rerun together when some counter section changed.
+        values = memo.values = {
+            shared_key(k): v for k, v in memo.run(_SOURCES_PLAN, unchanged, batch)
+        }
     updated, steady, ctx, quiet = _take_in(signals, batch, values, config)
     found: list[Finding] = memo.run(_READING_PLAN if quiet else _RULES_PLAN, unchanged, ctx)
     previous = memo.found
@@ -209,7 +260,10 @@ def _result(
     signals: NodeSignals | None, updated: NodeSignals, steady: bool, assessment: Assessment
 ) -> tuple[NodeSignals, Assessment]:
     """What :func:`assess` returns: ``assessment`` says whether the history changed."""
-    if steady or fingerprint(updated) == fingerprint(signals):
+    if signals is None or not signals.counters:  # a first batch: changed if it has counters
+        if not updated.counters:
+            return updated, assessment
+    elif steady or fingerprint(updated) == fingerprint(signals):
         return updated, assessment
     return updated, msgspec.structs.replace(assessment, history_changed=True)
 
@@ -217,7 +271,7 @@ def _result(
 READING_RULES = tuple(rule for rule in RULES if rule not in GROWTH_ONLY_RULES)
 """The rules run for a node whose counters are all quiet (the growth-only rules would
 find nothing: most nodes, most of the time)."""
-_SOURCES_PLAN = _plan(COUNTER_SOURCES)
+_SOURCES_PLAN: Plan = tuple((fn, None, -1) for fn in COUNTER_SOURCES)
 _RULES_PLAN = _plan(RULES)
 _READING_PLAN = _plan(READING_RULES)
 

@@ -11,6 +11,7 @@ and the first after it are unknown and are not counted.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from itertools import pairwise
 
@@ -116,7 +117,10 @@ def take_in(
         if ts > current.updated_ts - retention_s:
             return current, False
         current = NodeSignals()
-    steady = _steady(current, ts, values)
+    if not current.counters and max_samples >= 1 and retention_s >= 0:
+        return _first(ts, values), False
+    cutoff = ts - retention_s if max_samples >= 2 else math.inf  # else: one sample kept
+    steady = _steady(current, ts, values, cutoff)
     if steady is not None:
         return steady, True
     updated = _observe(current, ts, values, retention_s=retention_s, max_samples=max_samples)
@@ -128,37 +132,95 @@ Fingerprint = tuple[tuple[str, int, int, int], ...]
 
 def fingerprint(signals: NodeSignals | None) -> Fingerprint:
     """What of a history is worth persisting: each counter's newest value, sample count
-    and resets (the time stamp of an unchanged newest sample moves every batch)."""
+    and resets. A run of equal readings ends in a sample that only marks how far the run
+    goes (its time moves with every batch, :func:`_append` replaces it): it is not
+    counted, so a history that only grew such a marker (a node's second batch) is not
+    written again; one restarted from the written history takes the next reading to the
+    same samples (tests/unit/test_scoring_compact.py)."""
     if signals is None:
         return ()
     return tuple(
-        (key, h.samples[-1][1] if h.samples else -1, len(h.samples), h.resets)
+        (key, h.samples[-1][1] if h.samples else -1, _kept_samples(h.samples), h.resets)
         for key, h in signals.counters.items()
     )
 
 
-def _steady(current: NodeSignals, ts: float, values: Mapping[str, int]) -> NodeSignals | None:
-    """The common case cheaply: the same counters, each in a run of two or more equal
-    readings equal to its new value. The run's last sample moves to ``ts``; nothing is
+def _kept_samples(samples: tuple[Sample, ...]) -> int:
+    """How many samples a history holds, its run's end marker not counted."""
+    n = len(samples)
+    return n - 1 if n >= 2 and samples[-1][1] == samples[-2][1] else n
+
+
+_KEYS: dict[str, str] = {}
+"""One string per counter key, shared by every node's history (``edac.mc0.dimm3.ce``
+repeats on every node of a fleet)."""
+_KEYS_KEPT = 1_000_000
+
+
+def shared_key(key: str) -> str:
+    """The shared copy of ``key`` (bounded: emptied when full)."""
+    kept = _KEYS.get(key)
+    if kept is None:
+        if len(_KEYS) >= _KEYS_KEPT:
+            _KEYS.clear()
+        kept = _KEYS[key] = key
+    return kept
+
+
+def _first(ts: float, values: Mapping[str, int]) -> NodeSignals:
+    """A node's first batch, what :func:`_observe` makes of it from no history: one
+    sample per key; the keys and the histories of equal values are shared."""
+    histories: dict[int, CounterHistory] = {}
+    counters: dict[str, CounterHistory] = {}
+    for key in sorted(values):
+        value = values[key]
+        history = histories.get(value)
+        if history is None:
+            history = histories[value] = CounterHistory(samples=((ts, value),))
+        counters[shared_key(key)] = history
+    return NodeSignals(updated_ts=ts, counters=counters)
+
+
+def _steady(
+    current: NodeSignals, ts: float, values: Mapping[str, int], cutoff: float
+) -> NodeSignals | None:
+    """The common case cheaply: the same counters, each in a run of equal readings equal
+    to its new value (two samples: the run's first and its end marker; or one, newer
+    than ``cutoff``: a node's second batch). The run's end moves to ``ts``; nothing is
     pruned (the run's first sample is the base of any later rise). None otherwise."""
     counters = current.counters
     if len(counters) != len(values) or not counters:
         return None
     moved: dict[str, CounterHistory] = {}
     newest: dict[int, Sample] = {}  # one (ts, value) tuple per distinct value
+    shared: dict[int, CounterHistory] = {}  # one moved history per shared history
     replace = msgspec.structs.replace
     for key, history in counters.items():
+        again = shared.get(id(history))
+        if again is not None:
+            if values.get(key) != again.samples[0][1]:
+                return None
+            moved[key] = again
+            continue
         samples = history.samples
-        if len(samples) != 2:
+        if len(samples) == 2:
+            first, last = samples
+            value = first[1]
+            if last[1] != value:
+                return None
+        elif len(samples) == 1:
+            first = samples[0]
+            value = first[1]
+            if first[0] < cutoff:
+                return None
+        else:
             return None
-        first, last = samples
-        value = first[1]
-        if last[1] != value or values.get(key) != value:
+        if values.get(key) != value:
             return None
         sample = newest.get(value)
         if sample is None:
             sample = newest[value] = (ts, value)
-        moved[key] = replace(history, samples=(first, sample))
+        moved[key] = shared[id(history)] = replace(history, samples=(first, sample))
     return NodeSignals(updated_ts=ts, counters=moved)
 
 
@@ -173,13 +235,19 @@ def _observe(
     """:func:`observe` the long way: every key appended and pruned."""
     cutoff = ts - retention_s
     counters: dict[str, CounterHistory] = {}
+    shared: dict[tuple[tuple[Sample, ...], int, float | None], CounterHistory] = {}
     for key in current.counters.keys() | values.keys():
         history = current.counters.get(key, CounterHistory())
         if key in values:
             history = _append(history, ts, values[key], max_samples)
         kept = _prune(history.samples, cutoff)
         if kept:
-            counters[key] = msgspec.structs.replace(history, samples=kept)
+            # Equal histories (a node's many zero counters) are one object.
+            same = (kept, history.resets, history.last_reset_ts)
+            again = shared.get(same)
+            if again is None:
+                again = shared[same] = msgspec.structs.replace(history, samples=kept)
+            counters[shared_key(key)] = again
     return NodeSignals(updated_ts=ts, counters=dict(sorted(counters.items())))
 
 
