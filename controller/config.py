@@ -21,6 +21,7 @@ from metalguard.controller.core.scoring.config import (
 )
 from metalguard.controller.core.topology import TopologySection
 from metalguard.controller.provision.spec import node_problems
+from metalguard.controller.shards.plan import ShardsSection
 from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
 from metalguard.proto.addresses import AddressError, parse_listen
 from metalguard.proto.base import Token
@@ -211,6 +212,9 @@ class ControllerConfig(_Section, frozen=True):
     http: HttpSection | None = None
     ha: HaSection | None = None
     ingest: IngestSection = IngestSection()
+    shards: ShardsSection | None = None
+    """``[shards]``: this process is one of the region's controller shards, each owning
+    a group of clusters by a lease (docs/scaling.md); needs ``[ha] instance``."""
     federation: FederationSection = FederationSection()
     topology: TopologySection = TopologySection()
     """``[topology]``: zones of clusters, per-rack and per-node overrides of what the

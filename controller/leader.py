@@ -129,11 +129,13 @@ class Lease:
         timing: LeaseTiming,
         *,
         clock: Callable[[], float] = time.time,
+        key: str | None = None,
     ) -> None:
         self._kv = kv
         self.region = region
         self.holder = holder
-        self.key = lease_key(region)
+        self.key = key or lease_key(region)
+        """The lease's key: ``leader.<region>``, or another scope's (controller/shards)."""
         self.timing = timing
         self._clock = clock
         self._revision: int | None = None
