@@ -222,6 +222,14 @@ class ControllerConfig(_Section, frozen=True):
     provision: ProvisionSection = ProvisionSection()
     """``[provision]``: network boot and tenant volumes (docs/provisioning.md)."""
 
+    def __post_init__(self) -> None:
+        if self.shards is not None and self.ha is None:
+            raise ValueError("[shards] needs [ha] instance (the shard leases' holder)")
+        if self.shards is not None and (self.ingest.clusters or self.ingest.shard_count):
+            raise ValueError(
+                "[shards] gives each shard its clusters: leave [ingest] clusters and shard_* unset"
+            )
+
     def scoring_config(self, base: Path | None = None) -> ScoringConfig:
         """The scoring config (a relative path is read from ``base``); ConfigError if bad."""
         if not self.scoring:
