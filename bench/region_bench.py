@@ -195,10 +195,30 @@ async def until(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], wh
         await asyncio.sleep(0.25)
 
 
-async def drain_rate(region: Region, total: int) -> float:
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes have used so far."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """The shards' drain: batches/s, and CPU seconds per batch of shards and servers."""
+
+    rate: float
+    shard_cpu_per_batch: float
+    server_cpu_per_batch: float
+
+
+async def drain_rate(region: Region, total: int, servers: list[int]) -> Drain:
     """Batches/s from the shards' first acknowledgement until the backlog is empty (their
-    start-up, the state's load from KV, excluded)."""
-    first: tuple[float, int] | None = None
+    start-up, the state's load from KV, excluded), with the CPU it took."""
+    shards = [p.pid for p in region.procs.values()]
+    first: tuple[float, int, float, float] | None = None
     while True:
         try:
             left = await region.backlog()
@@ -206,13 +226,18 @@ async def drain_rate(region: Region, total: int) -> float:
             continue
         now = time.monotonic()
         if first is None and left < total:
-            first = (now, left)
+            first = (now, left, cpu_s(shards), cpu_s(servers))
         if left == 0:
             break
         await asyncio.sleep(0.05)
-    if first is None or now <= first[0]:
-        return float("nan")
-    return first[1] / (now - first[0])
+    if first is None or now <= first[0] or first[1] == 0:
+        return Drain(float("nan"), float("nan"), float("nan"))
+    done = first[1]
+    return Drain(
+        done / (now - first[0]),
+        (cpu_s(shards) - first[2]) / done,
+        (cpu_s(servers) - first[3]) / done,
+    )
 
 
 async def raw_rate(js: JetStreamContext, subjects: Subjects, n: int) -> float:
@@ -239,8 +264,9 @@ async def raw_rate(js: JetStreamContext, subjects: Subjects, n: int) -> float:
 
 
 async def sustained(nc: Client, urls: list[str], root: Path, nodes: list[tuple[str, str]],
-                    clusters: int, shards: int, cycles: int) -> tuple[float, float]:  # fmt: skip
-    """(shards' rate, raw rate) over the same ``cycles`` cycles of known nodes."""
+                    clusters: int, shards: int, cycles: int,
+                    servers: list[int]) -> tuple[Drain, float]:  # fmt: skip
+    """(the shards' drain, raw rate) over the same ``cycles`` cycles of known nodes."""
     js = nc.jetstream(timeout=30)
     region = Region(nc, js, urls, root, nodes, groups_of(clusters, shards), ttl_s=60.0)
     await region.create()
@@ -254,7 +280,7 @@ async def sustained(nc: Client, urls: list[str], root: Path, nodes: list[tuple[s
         total += await region.publish_cycle(seq)
     await until(region.backlog, lambda n: n == total, "the batches in the stream")
     await region.start_shards()
-    rate = await drain_rate(region, total)
+    rate = await drain_rate(region, total, servers)
     await until(region.backlog, lambda n: n == 0, "the shards drained")
     raw = await raw_rate(js, region.subjects, total)
     await region.stop_shards()
@@ -434,13 +460,22 @@ async def measure(args: argparse.Namespace, root: Path) -> None:
               f"({args.nodes / 100_000:.1%} of it here)")  # fmt: skip
         base = None
         for shards in counts:
-            rate, raw = await sustained(nc, urls, root, nodes, args.clusters, shards, args.cycles)
+            servers = [s.pid for s in cluster.servers if s.pid is not None]
+            drain, raw = await sustained(nc, urls, root, nodes, args.clusters, shards,
+                                         args.cycles, servers)  # fmt: skip
+            rate = drain.rate
             base = base or rate
             print(f"sustained ingest, {shards} shard(s): {rate:,.0f} batches/s "
                   f"(shards/raw {rate / raw:.2f}, raw consumer {raw:,.0f}/s; "
                   f"x{rate / base:.2f} of 1 shard; {rate / target:.2f}x the offered load; "
                   f"{rate * args.interval_s / shards:,.0f} nodes per shard at "
                   f"{args.interval_s:.0f} s)")  # fmt: skip
+            per_core = 1 / drain.shard_cpu_per_batch if drain.shard_cpu_per_batch else 0.0
+            server_core = 1 / drain.server_cpu_per_batch if drain.server_cpu_per_batch else 0.0
+            print(f"  CPU: shards {drain.shard_cpu_per_batch * 1e3:.2f} ms/batch "
+                  f"({per_core:,.0f} batches/s per core = {per_core * 30:,.0f} nodes per core "
+                  f"at 30 s), 3 nats-servers {drain.server_cpu_per_batch * 1e3:.2f} ms/batch "
+                  f"together ({server_core:,.0f} batches/s per core)")  # fmt: skip
         await faults_and_kills(nc, cluster, root, nodes, args.clusters, max(counts),
                                args.interval_s, args.lease_ttl_s)  # fmt: skip
         print(f"load average after: {os.getloadavg()[0]:.1f}")
