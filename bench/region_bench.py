@@ -156,12 +156,21 @@ class Region:
             await asyncio.wait_for(proc.wait(), 60)
         self.procs.clear()
 
+    def telemetry_durable(self, shard: str) -> str:
+        settings = shard_settings(REGION, shard, tuple(self.groups[shard]), IngestSection())
+        return durable_name(settings, StreamKind.TELEMETRY)
+
+    async def delivered(self, shard: str) -> int:
+        """The last stream sequence the shard's telemetry consumer delivered."""
+        name = self.telemetry_durable(shard)
+        info = await self.js.consumer_info(self.subjects.stream_telemetry, name)
+        return int(info.delivered.stream_seq or 0) if info.delivered else 0
+
     async def backlog(self) -> int:
         """Batches not yet acknowledged by the shards' telemetry consumers."""
         total = 0
-        for shard, clusters in self.groups.items():
-            settings = shard_settings(REGION, shard, tuple(clusters), IngestSection())
-            name = durable_name(settings, StreamKind.TELEMETRY)
+        for shard in self.groups:
+            name = self.telemetry_durable(shard)
             info = await self.js.consumer_info(self.subjects.stream_telemetry, name)
             total += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
         return total
@@ -179,7 +188,7 @@ class Region:
 
 
 async def until(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], what: str,
-                limit_s: float = DEADLINE_S) -> T:  # fmt: skip
+                limit_s: float = DEADLINE_S, every_s: float = 0.25) -> T:  # fmt: skip
     """Await ``probe()`` until ``done``; errors while the cluster re-elects are retried."""
     deadline = time.monotonic() + limit_s
     value: T | None = None
@@ -192,7 +201,7 @@ async def until(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], wh
             value = None
         if time.monotonic() >= deadline:
             raise RuntimeError(f"timed out waiting for {what}: {value!r}")
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(every_s)
 
 
 def cpu_s(pids: list[int]) -> float:
@@ -398,6 +407,7 @@ async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
     await asyncio.sleep(min(interval_s, 5.0))  # the fleet at its pace before the kill
     victim = "s0"
     proc = region.procs[f"p{victim}"]
+    delivered_at_kill = await region.delivered(victim)
     killed = time.monotonic()
     proc.send_signal(signal.SIGKILL)
     await proc.wait()
@@ -405,15 +415,19 @@ async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
     more = set(sorted(more)[: max(1, len(failing) // shards)])
     pacer.failing |= more
     await until(region.holders, lambda got: got.get(victim) not in (None, f"p{victim}"),
-                "another shard to take s0")  # fmt: skip
+                "another shard to take s0", every_s=0.05)  # fmt: skip
     took = time.monotonic() - killed
+    await until(lambda: region.delivered(victim), lambda n: n > delivered_at_kill,
+                "s0's consumer delivering again", every_s=0.05)  # fmt: skip
+    resumed = time.monotonic() - killed
     await until(lambda: isolations(js, region.subjects),
                 lambda got: set(pacer.failing) <= set(got), "the new faults isolated")  # fmt: skip
     counted = await isolations(js, region.subjects)
     twice = {h: n for h, n in counted.items() if n != 1}
     once = "exactly once each" if not twice and set(counted) == pacer.failing else twice
     print(f"shard SIGKILL mid-run ({shards} shards, lease TTL {ttl_s:.0f} s): taken over after "
-          f"{took:.2f} s (goal TTL + 1 s = {ttl_s + 1:.0f} s); {len(pacer.failing)} faults "
+          f"{took:.2f} s (goal TTL + 1 s = {ttl_s + 1:.0f} s), its ingest resumed (state loaded "
+          f"from KV) after {resumed:.2f} s; {len(pacer.failing)} faults "
           f"({len(more)} in the dead shard's clusters after its death), isolated "
           f"{once}")  # fmt: skip
 

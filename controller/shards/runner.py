@@ -157,13 +157,29 @@ class ShardRunner:
             await self._halt()
 
     async def _elected(self) -> None:
-        """The lease is taken: load the previous owner's state, build the controller."""
+        """The lease is taken: load the previous owner's state, build the controller. The
+        load can outlast the lease's TTL (a large region): the lease is renewed meanwhile."""
         await self._halt()
-        store = await NodeStore.open(self._js, self._subjects)
+        keeper = asyncio.create_task(self._keep_lease(), name=f"shard-load:{self.name}")
+        try:
+            store = await NodeStore.open(self._js, self._subjects)
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
         store.outbox = {k: e for k, e in store.outbox.items() if owns_event(e, self.clusters)}
         controller = self._make_controller(store, self.leadership.leading)
         await controller.start(silence_interval_s=self._silence_interval_s)
         self.controller = controller
+
+    async def _keep_lease(self) -> None:
+        """Renew the lease every ``renew_s`` (while the Leadership's own loop waits for
+        :meth:`_elected`, so the two never step at once)."""
+        lease = self.leadership.lease
+        assert lease is not None
+        while True:
+            await asyncio.sleep(lease.timing.renew_s)
+            await lease.step()
 
     async def _halt(self) -> None:
         ingest, self.ingest = self.ingest, None
