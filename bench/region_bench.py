@@ -66,6 +66,8 @@ from metalguard.proto.subjects import Subjects
 METALGUARD = Path(sys.executable).parent / "metalguard"
 PUBLISH_CHUNK = 512
 DEADLINE_S = 600.0
+CHILDREN: list[asyncio.subprocess.Process] = []
+"""Every shard process started: killed at the end whatever happened."""
 T = TypeVar("T")
 
 
@@ -131,6 +133,7 @@ class Region:
                 str(conf), stdout=log, stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
             log.close()
+            CHILDREN.append(self.procs[instance])
         await self.wait_owned()
 
     async def wait_owned(self) -> None:
@@ -153,7 +156,12 @@ class Region:
             if proc.returncode is None:
                 proc.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
-            await asyncio.wait_for(proc.wait(), 60)
+            try:  # a clean stop writes the liveness not yet written: slow on a busy host
+                await asyncio.wait_for(proc.wait(), 300)
+            except TimeoutError:
+                print(f"a shard process (pid {proc.pid}) did not stop in 300 s: killed")
+                proc.kill()
+                await proc.wait()
         self.procs.clear()
 
     def telemetry_durable(self, shard: str) -> str:
@@ -494,6 +502,10 @@ async def measure(args: argparse.Namespace, root: Path) -> None:
                                args.interval_s, args.lease_ttl_s)  # fmt: skip
         print(f"load average after: {os.getloadavg()[0]:.1f}")
     finally:
+        for proc in CHILDREN:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
         await nc.close()
         await asyncio.to_thread(cluster.close)
 

@@ -114,15 +114,33 @@ class ShardRunner:
             self._task = asyncio.create_task(self._run(), name=f"shard:{self.name}")
 
     async def stop(self, release: bool = True) -> None:
-        """Stop ingest and the controller (queued work finishes), then the lease
-        (``release``: give it up, another process takes the shard at its next poll)."""
+        """:meth:`quiesce`, then (``release``) give the lease up: another process takes
+        the shard at its next poll."""
+        await self.quiesce()
+        if release:
+            await self.release()
+
+    async def quiesce(self) -> None:
+        """Stop competing for the lease and stop ingest and the controller (queued work
+        finishes); the lease, if held, is kept until :meth:`release` or its TTL. A process
+        stopping quiesces every shard first, so it does not take back, on one runner, a
+        shard it has just released on another."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._halt()
-        await self.leadership.stop(release=release)
+        if self.leadership.leading():  # the gate open while queued work finishes
+            await self._halt()
+            await self.leadership.stop(release=False)
+        else:
+            await self.leadership.stop(release=False)
+            await self._halt()
+
+    async def release(self) -> None:
+        """Give the lease up if it is held (delete the key: no wait for the TTL)."""
+        if self.leadership.lease is not None:
+            await self.leadership.lease.release()
 
     async def _run(self) -> None:
         if self._start_after_s > 0:

@@ -154,7 +154,9 @@ async def serve_shards(
         await stop.wait()
         log.info("stopping")
     finally:
+        for runner in runners:  # first stop competing everywhere, then hand the leases over
+            await runner.quiesce()
         for runner in runners:
-            await runner.stop()
+            await runner.release()
     log.info("stopped")
     return 0
