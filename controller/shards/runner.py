@@ -33,6 +33,9 @@ from metalguard.proto.telemetry import TelemetryBatch
 
 log = logging.getLogger(__name__)
 
+SYNC_RETRY_S = 1.0
+"""After a failed start (or stop) of a shard's ingest, the next try."""
+
 MakeController = Callable[[NodeStore, Callable[[], bool]], RegionController]
 """Builds a shard's controller over its store, gated on the given ``leading``."""
 
@@ -150,21 +153,23 @@ class ShardRunner:
             changed = self.leadership.changed
             try:
                 await self._sync()
-            except NatsError as exc:
-                log.error("shard %s: %s; retried at the next lease change", self.name, exc)
-            await changed.wait()
+            except (NatsError, TimeoutError) as exc:  # e.g. JetStream re-electing
+                log.error("shard %s: %s; retried in %.1f s", self.name, exc, SYNC_RETRY_S)
+            except Exception:  # a bug must not leave the shard owned and idle silently
+                log.exception("shard %s: starting or stopping ingest failed", self.name)
+            else:
+                await changed.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), SYNC_RETRY_S)
 
     async def _sync(self) -> None:
         """Start ingest once the gate is open; stop it once it is closed."""
         if self.leadership.leading() and self.ingest is None and self.controller is not None:
             handler = GatedHandler(self.controller, self.leadership.leading)
-            ingest = Ingest(
-                self._js,
-                self._subjects,
-                self.settings,
-                handler,
-                registry=self.controller.metrics.registry,
-            )
+            # a registry of its own each time: a start that failed (JetStream re-electing)
+            # is tried again with a new Ingest, whose metrics must not collide
+            ingest = Ingest(self._js, self._subjects, self.settings, handler)
             await ingest.start()
             self.ingest = ingest
             self.takeovers += 1
