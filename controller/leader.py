@@ -318,9 +318,11 @@ class Leadership:
         """Stop the lease; ``release`` gives it up so a follower takes over at once."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            while not task.done():  # again if a step swallowed the cancel (an inner await's
+                task.cancel()  # suppress(CancelledError) caught ours): never wait for ever
+                await asyncio.wait({task}, timeout=1.0)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                task.result()
         self._set_ready(False)
         if release and self.lease is not None:
             await self.lease.release()

@@ -130,9 +130,11 @@ class ShardRunner:
         shard it has just released on another."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            while not task.done():  # again if an inner await swallowed the cancel
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                task.result()
         if self.leadership.leading():  # the gate open while queued work finishes
             await self._halt()
             await self.leadership.stop(release=False)
@@ -188,8 +190,7 @@ class ShardRunner:
             store = await NodeStore.open(self._js, self._subjects)
         finally:
             keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            await asyncio.wait({keeper})  # (a cancel of ours, meanwhile, is not swallowed)
         store.outbox = {k: e for k, e in store.outbox.items() if owns_event(e, self.clusters)}
         controller = self._make_controller(store, self.leadership.leading)
         await controller.start(silence_interval_s=self._silence_interval_s)
