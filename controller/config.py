@@ -21,6 +21,7 @@ from metalguard.controller.core.scoring.config import (
 )
 from metalguard.controller.core.topology import TopologySection
 from metalguard.controller.provision.spec import node_problems
+from metalguard.controller.shards.plan import ShardsSection
 from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
 from metalguard.proto.addresses import AddressError, parse_listen
 from metalguard.proto.base import Token
@@ -211,12 +212,23 @@ class ControllerConfig(_Section, frozen=True):
     http: HttpSection | None = None
     ha: HaSection | None = None
     ingest: IngestSection = IngestSection()
+    shards: ShardsSection | None = None
+    """``[shards]``: this process is one of the region's controller shards, each owning
+    a group of clusters by a lease (docs/scaling.md); needs ``[ha] instance``."""
     federation: FederationSection = FederationSection()
     topology: TopologySection = TopologySection()
     """``[topology]``: zones of clusters, per-rack and per-node overrides of what the
     nodes report (docs/scheduler.md)."""
     provision: ProvisionSection = ProvisionSection()
     """``[provision]``: network boot and tenant volumes (docs/provisioning.md)."""
+
+    def __post_init__(self) -> None:
+        if self.shards is not None and self.ha is None:
+            raise ValueError("[shards] needs [ha] instance (the shard leases' holder)")
+        if self.shards is not None and (self.ingest.clusters or self.ingest.shard_count):
+            raise ValueError(
+                "[shards] gives each shard its clusters: leave [ingest] clusters and shard_* unset"
+            )
 
     def scoring_config(self, base: Path | None = None) -> ScoringConfig:
         """The scoring config (a relative path is read from ``base``); ConfigError if bad."""

@@ -129,11 +129,13 @@ class Lease:
         timing: LeaseTiming,
         *,
         clock: Callable[[], float] = time.time,
+        key: str | None = None,
     ) -> None:
         self._kv = kv
         self.region = region
         self.holder = holder
-        self.key = lease_key(region)
+        self.key = key or lease_key(region)
+        """The lease's key: ``leader.<region>``, or another scope's (controller/shards)."""
         self.timing = timing
         self._clock = clock
         self._revision: int | None = None
@@ -316,9 +318,11 @@ class Leadership:
         """Stop the lease; ``release`` gives it up so a follower takes over at once."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            while not task.done():  # again if a step swallowed the cancel (an inner await's
+                task.cancel()  # suppress(CancelledError) caught ours): never wait for ever
+                await asyncio.wait({task}, timeout=1.0)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                task.result()
         self._set_ready(False)
         if release and self.lease is not None:
             await self.lease.release()

@@ -46,6 +46,7 @@ from metalguard.controller.provision.run import Provisioning
 from metalguard.controller.provision.storage import StorageError
 from metalguard.controller.qos import QosStore
 from metalguard.controller.region import RegionController
+from metalguard.controller.shards.service import serve_shards
 from metalguard.controller.state.store import NodeStore
 from metalguard.controller.state.streams import ensure_streams
 from metalguard.proto.access import connect_options as access_options
@@ -159,6 +160,8 @@ async def run_controller(config_path: Path) -> int:
         if nc is None:
             return 0 if stop.is_set() else 1
         try:
+            if cfg.shards is not None:  # docs/scaling.md
+                return await serve_shards(nc, cfg, subjects, scoring, stop)
             return await _serve(nc, cfg, subjects, scoring, stop)
         finally:
             await nc.close()

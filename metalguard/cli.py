@@ -58,7 +58,11 @@ def _add_controller_parser(sub: argparse._SubParsersAction[argparse.ArgumentPars
     setup = ctl_sub.add_parser(
         "setup", help="create the streams and KV buckets of the design (idempotent)"
     )
-    setup.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS server URL")
+    setup.add_argument(
+        "--nats",
+        default="nats://127.0.0.1:4222",
+        help="NATS server URL, or a cluster's URLs comma-separated",
+    )
     setup.add_argument("--prefix", default="mg", help="subject prefix (default: mg)")
     setup.add_argument("--replicas", type=int, default=1, help="stream replicas (R3 in production)")
     setup.add_argument(

@@ -1,0 +1,37 @@
+"""bench/region_bench.py --quick runs on a 3-server cluster and prints its figures (no
+timing is asserted: the guarantees are, nothing lost and isolations exactly once)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "region_bench.py"
+
+
+def test_region_bench_quick_prints_figures() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert re.search(r"^machine: \d+ vCPU", out, re.M), out
+    rates = re.findall(
+        r"^sustained ingest, (\d) shard\(s\): ([\d,]+) batches/s \(shards/raw", out, re.M
+    )
+    assert [n for n, _ in rates] == ["1", "2"], out
+    assert re.search(
+        r"^fault-to-isolation, \d+ of 200 nodes .* p50 [\d.]+ s, p99 [\d.]+ s", out, re.M
+    )
+    assert re.search(
+        r"^shard SIGKILL mid-run .* taken over after [\d.]+ s .* exactly once each$", out, re.M
+    ), out
+    assert re.search(
+        r"^NATS server n\d \(stream leader\) SIGKILLed .*\(nothing lost\)", out, re.M
+    ), out
