@@ -22,10 +22,13 @@ from metalguard.controller.core.scoring.signals import (
 
 RETENTION_S = DEFAULT_SCORING.retention_s()
 WINDOWS = (10.0, 600.0, 3600.0, RETENTION_S)
+MAX_SAMPLES = 32
 
 
-def step(signals: NodeSignals | None, ts: float, values: dict[str, int]) -> NodeSignals:
-    return take_in(signals, ts, values, retention_s=RETENTION_S, max_samples=4)[0]
+def step(
+    signals: NodeSignals | None, ts: float, values: dict[str, int], max_samples: int = 4
+) -> NodeSignals:
+    return take_in(signals, ts, values, retention_s=RETENTION_S, max_samples=max_samples)[0]
 
 
 def same_view(a: NodeSignals, b: NodeSignals, now: float) -> None:
@@ -52,12 +55,17 @@ def same_view(a: NodeSignals, b: NodeSignals, now: float) -> None:
         min_size=2,
         max_size=10,
     ),
-    gaps=st.lists(st.sampled_from([1.0, 5.0, 600.0, RETENTION_S]), min_size=10),
+    gaps=st.lists(st.sampled_from([1.0, 5.0, 600.0]), min_size=10),
     restart=st.integers(0, 9),
 )
 def test_a_restart_from_the_written_history_reads_the_same(
     readings: list[tuple[dict[str, int], bool]], gaps: list[float], restart: int
 ) -> None:
+    # Within the retention and the sample bound (10 readings, <= 6,000 s, 32 samples).
+    # Past them the two may differ, as after steady batches (never written) before: the
+    # unwritten end marker keeps a run's first sample in the live history where the
+    # restarted one prunes it (a key gone for a retention), or takes a sample slot that
+    # pushes an older sample out (a rise seen by one and not the other): docs/controller.md.
     live: NodeSignals | None = None
     written: NodeSignals | None = None  # what KV holds: the last history worth writing
     restarted: NodeSignals | None = None
@@ -66,9 +74,9 @@ def test_a_restart_from_the_written_history_reads_the_same(
         values = values if repeat and values else drawn
         ts += gap
         before = live
-        live = step(live, ts, values)
+        live = step(live, ts, values, MAX_SAMPLES)
         if restarted is not None:
-            restarted = step(restarted, ts, values)
+            restarted = step(restarted, ts, values, MAX_SAMPLES)
             same_view(restarted, live, ts)
         elif fingerprint(live) != fingerprint(before):
             written = live
