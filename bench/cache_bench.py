@@ -25,15 +25,17 @@ a subset of the files (``--hit-mb``), restarted on the same cache dir (the copie
 recovered; the kernel holds no pages of the new mount) and read with 4 readers: cache
 hits through FUSE, then the same again (the kernel's page cache, keep_cache), against
 plain reads of the same files from the local disk; and one reader through the
-``mgcache::`` fsspec path against plain local reads. Last, the headline ratios against
-the goals of issue 18.
+``mgcache::`` fsspec path against plain local reads; then the same FUSE runs over a second
+mount of ``--shards`` files of ``--shard-mib`` MiB each (the shape of sharded training
+data: bytes, not per-file callbacks, are the cost there). Last, the headline ratios
+against the goals of issue 18.
 
 Every read of a policy run and of a fill is checked byte for byte against the generated
 content (the ``bad`` column).
 
 Usage: python bench/cache_bench.py [--files N] [--latency-ms MS] [--workers N] [--quick]
        [--patterns shuffle,...] [--sizes 25,50,75] [--policies lru,pin,auto]
-       [--no-mount | --mount-only]
+       [--no-mount | --mount-only] [--shards N] [--shard-mib MIB]
 """
 
 from __future__ import annotations
