@@ -5,9 +5,11 @@ of examples/trainer.py reaches (``expected_digest``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
-from collections.abc import AsyncIterator, Callable
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,8 +188,22 @@ async def jobs_env(
         await manager.start()
         yield env
     finally:
-        await env.manager.stop()
-        await sub.unsubscribe()
-        await fleet.stop()
-        await ingest.stop()
-        await region.stop()
+        await _stopped("the job manager", env.manager.stop())
+        await _stopped("the subscription", sub.unsubscribe())
+        await _stopped("the fleet", fleet.stop())
+        await _stopped("ingest", ingest.stop())
+        await _stopped("the region controller", region.stop())
+
+
+STOP_DEADLINE_S = 30.0
+
+
+async def _stopped(what: str, stopping: Awaitable[object]) -> None:
+    """Await one part's stop; past the deadline print every task's stack and fail naming
+    the part (a stop that hangs is a bug to see, not a test timeout to guess at)."""
+    try:
+        await asyncio.wait_for(stopping, STOP_DEADLINE_S)
+    except TimeoutError:
+        for task in asyncio.all_tasks():
+            task.print_stack(file=sys.stdout)
+        raise AssertionError(f"stopping {what} took over {STOP_DEADLINE_S:.0f} s") from None
