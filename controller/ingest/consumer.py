@@ -283,8 +283,8 @@ class Ingest:
     async def _unsubscribe(self) -> None:
         for route in self._routes:
             if route.sub is not None:
-                try:
-                    await route.sub.unsubscribe()
+                try:  # bounded: a stop never waits forever on the server
+                    await asyncio.wait_for(route.sub.unsubscribe(), self.settings.stop_timeout_s)
                 except (TimeoutError, nats.errors.Error) as exc:
                     log.warning("unsubscribing %s failed: %s", route.durable, exc)
                 route.sub = None

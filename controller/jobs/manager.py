@@ -87,6 +87,10 @@ FleetView = Callable[[Mapping[str, NodeRecord]], list[FleetNode]]
 (``TopologyView.fleet``, :mod:`metalguard.controller.core.topology`)."""
 
 
+STOP_WAIT_S = 10.0
+"""How long :meth:`JobManager.stop` waits for its cancelled command tasks."""
+
+
 class JobManager:
     """Runs the jobs of one region over NATS, MG_JOBS and the node records; ``fleet``
     turns the records into the scheduler's nodes (the region's ``TopologyView.fleet``)."""
@@ -160,7 +164,10 @@ class JobManager:
             self._sub = None
         for task in list(self._tasks):
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:  # bounded: a command that ignores its cancel does not hold the stop
+            _, pending = await asyncio.wait(set(self._tasks), timeout=STOP_WAIT_S)
+            if pending:
+                log.warning("job manager stop: %d command tasks still running", len(pending))
 
     def wake(self) -> None:
         """Run a pass now (something changed)."""
