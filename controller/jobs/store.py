@@ -19,7 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from metalguard.controller.state.kv_keys import bucket_keys
+from metalguard.controller.state.kv_keys import latest_values
 from metalguard.proto.codec import CodecError, decode, encode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.jobs import JobStatus
@@ -77,11 +77,13 @@ class JobStore:
         self._jobs.clear()
         self._revisions.clear()
         self.outbox.clear()
-        for key in await bucket_keys(self._js, self._kv):  # not kv.keys() (kv_keys.py)
-            if key.startswith(OUTBOX_PREFIX):
-                await self._refresh_pending(key)
+        for latest in (await latest_values(self._js, self._kv)).values():  # kv_keys.py
+            if latest.value is None:
+                continue  # deleted (a published event, a job gone to another region)
+            if latest.key.startswith(OUTBOX_PREFIX):
+                self._take_pending(latest.key, latest.value)
             else:
-                await self._refresh(key)
+                self._take(latest.key, latest.revision, latest.value)
 
     async def add_pending(self, events: Iterable[ControllerEvent]) -> None:
         """Keep ``events`` in the outbox until :meth:`remove_pending` (plain puts, made
@@ -95,15 +97,9 @@ class JobStore:
         await self._kv.delete(outbox_key(event_id))
         self.outbox.pop(event_id, None)
 
-    async def _refresh_pending(self, key: str) -> None:
+    def _take_pending(self, key: str, data: bytes) -> None:
         try:
-            entry = await self._kv.get(key)
-        except KeyNotFoundError:  # deleted (published): its delete marker reads absent
-            return
-        if entry.value is None:
-            return
-        try:
-            event = decode(entry.value, ControllerEvent)
+            event = decode(data, ControllerEvent)
         except CodecError as exc:
             log.error("MG_JOBS %s: undecodable pending event skipped: %s", key, exc)
             return
@@ -161,10 +157,13 @@ class JobStore:
             return
         if entry.value is None:
             return
+        self._take(key, entry.revision or 0, entry.value)
+
+    def _take(self, key: str, revision: int, data: bytes) -> None:
         try:
-            status = decode(entry.value, JobStatus)
+            status = decode(data, JobStatus)
         except CodecError as exc:
             log.error("MG_JOBS %s: undecodable value skipped: %s", key, exc)
             return
         self._jobs[key] = status
-        self._revisions[key] = entry.revision or 0
+        self._revisions[key] = revision

@@ -28,7 +28,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from metalguard.controller.provision.machine import NodeClaim, VolumeEntry
-from metalguard.controller.state.kv_keys import bucket_keys
+from metalguard.controller.state.kv_keys import latest_values
 from metalguard.proto.provision import Image, Instance
 from metalguard.proto.subjects import Subjects
 
@@ -76,13 +76,17 @@ class _Table(Generic[T]):
             return None
         if entry.value is None:
             return None
+        return self.take(name, entry.revision or 0, entry.value)
+
+    def take(self, name: str, revision: int, data: bytes) -> T | None:
+        """Keep a record as read from the bucket (None: undecodable, skipped)."""
         try:
-            value = self._decoder.decode(entry.value)
+            value = self._decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.error("KV %s: undecodable value skipped: %s", key, exc)
+            log.error("KV %s%s: undecodable value skipped: %s", self.prefix, name, exc)
             return None
         self.items[name] = value
-        self._revisions[name] = entry.revision or 0
+        self._revisions[name] = revision
         return value
 
     async def create(self, name: str, value: T) -> None:
@@ -149,10 +153,12 @@ class ProvisionStore:
         tables = (self._instances, self._claims, self._volumes, self._images)
         for table in tables:
             table.clear()
-        for key in await bucket_keys(self._js, self._kv):
+        for latest in (await latest_values(self._js, self._kv)).values():  # kv_keys.py
+            if latest.value is None:
+                continue  # deleted: its marker reads absent
             for table in tables:
-                if key.startswith(table.prefix):
-                    await table.refresh(key[len(table.prefix) :])
+                if latest.key.startswith(table.prefix):
+                    table.take(latest.key[len(table.prefix) :], latest.revision, latest.value)
                     break
 
     # --- views ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from nats.js.kv import KeyValue
 
 from metalguard.controller.core.handles import ClusterKey
 from metalguard.controller.core.scoring.signals import NodeSignals
-from metalguard.controller.state.kv_keys import bucket_keys
+from metalguard.controller.state.kv_keys import latest_values
 from metalguard.proto.codec import CodecError, decode, encode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.nodes import NodeRecord, RailState
@@ -112,15 +112,23 @@ class NodeStore:
         self._unwritten = fresh._unwritten
 
     async def load(self) -> None:
-        """Read every key of the bucket into the cache (at start)."""
-        for key in await bucket_keys(self._js, self._kv):  # not kv.keys() (kv_keys.py)
-            await self._refresh(key)
+        """Read every key of the bucket into the cache (at start, at a takeover): one
+        ordered consumer over the bucket, not a get per key (kv_keys.py)."""
+        for latest in (await latest_values(self._js, self._kv)).values():
+            if latest.value is None and not self._holds_key(latest.key):
+                continue  # a delete marker (a published event's outbox entry): nothing held
+            self._apply(latest.key, latest.revision, latest.value)
         log.info(
             "loaded %d node records, %d rail states, %d pending events",
             len(self.records),
             len(self.rails),
             len(self.outbox),
         )
+
+    def _holds_key(self, key: str) -> bool:
+        if key.startswith(SIGNALS_PREFIX):
+            return key[len(SIGNALS_PREFIX) :] in self.signals
+        return key in self._revisions or key in self.records
 
     def cluster_size(self, region: str, cluster: str) -> int:
         """How many nodes the store knows in a cluster (the rail's cluster size)."""
@@ -233,25 +241,29 @@ class NodeStore:
 
     async def _refresh(self, key: str) -> None:
         """Re-read one key into the cache (gone or undecodable: dropped from it)."""
-        self._revisions.pop(key, None)
-        self._unwritten.discard(key)
         try:
             entry = await self._kv.get(key)
         except KeyNotFoundError:
-            self._forget(key)
+            self._apply(key, 0, None)
             return
-        if entry.value is None or entry.revision is None:
+        self._apply(key, entry.revision or 0, entry.value)
+
+    def _apply(self, key: str, revision: int, data: bytes | None) -> None:
+        """Take a key's value as read from KV (None or no revision: gone)."""
+        self._revisions.pop(key, None)
+        self._unwritten.discard(key)
+        if data is None or not revision:
             self._forget(key)
             return
         if key.startswith(SIGNALS_PREFIX):  # plain puts: no revision kept
             try:
-                self.signals[key[len(SIGNALS_PREFIX) :]] = _signals_decoder.decode(entry.value)
+                self.signals[key[len(SIGNALS_PREFIX) :]] = _signals_decoder.decode(data)
             except msgspec.DecodeError as exc:
                 log.error("KV key %r holds undecodable scoring history, ignored: %s", key, exc)
             return
-        self._revisions[key] = entry.revision
+        self._revisions[key] = revision
         try:
-            value = decode(entry.value)
+            value = decode(data)
         except CodecError as exc:
             log.error("KV key %r holds an undecodable value, ignored: %s", key, exc)
             return
