@@ -182,12 +182,14 @@ class ShardRunner:
             await self._halt()
 
     async def _elected(self) -> None:
-        """The lease is taken: load the previous owner's state, build the controller. The
-        load can outlast the lease's TTL (a large region): the lease is renewed meanwhile."""
+        """The lease is taken: load the previous owner's state of the shard's clusters,
+        build the controller. The load can outlast the lease's TTL (a large region): the
+        lease is renewed meanwhile."""
         await self._halt()
         keeper = asyncio.create_task(self._keep_lease(), name=f"shard-load:{self.name}")
         try:
-            store = await NodeStore.open(self._js, self._subjects)
+            owned = [(self.settings.region, c) for c in sorted(self.clusters)]
+            store = await NodeStore.open(self._js, self._subjects, owned)  # its share only
         finally:
             keeper.cancel()
             await asyncio.wait({keeper})  # (a cancel of ours, meanwhile, is not swallowed)

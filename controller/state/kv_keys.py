@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nats.aio.msg import Msg
@@ -71,21 +72,40 @@ def _value_of(msg: Msg) -> bytes | None:
 
 
 async def latest_values(
-    js: JetStreamContext, kv: KeyValue, *, quiet_s: float = QUIET_S
+    js: JetStreamContext,
+    kv: KeyValue,
+    keys: Sequence[str] = (">",),
+    *,
+    quiet_s: float = QUIET_S,
 ) -> dict[str, LatestValue]:
-    """Every key's latest value in ``kv``'s bucket (deleted keys with ``value`` None),
-    read with one ordered consumer: a snapshot as of the call, as reading key by key is.
+    """Every latest value in ``kv``'s bucket of the keys matching any of ``keys`` (NATS
+    wildcards; deleted keys with ``value`` None), one ordered consumer per pattern, read
+    at once: a snapshot as of the call, as reading key by key is.
 
-    The consumer delivers the last message of each subject in stream order, then what is
-    written meanwhile; the read ends at a message with no more pending, or at the first
-    one at or past the stream's last sequence measured after the consumer was made
-    (every key's last message before it has then been delivered), so writers that never
-    pause (other shards) cannot keep it going."""
+    Each consumer delivers the last message of each subject in stream order, then what
+    is written meanwhile; its read ends at a message with no more pending, or at the first
+    one at or past the stream's last sequence measured after the consumer was made (every
+    key's last message before it has then been delivered), so writers that never pause
+    (other shards) cannot keep it going; a consumer the server reports empty (nothing
+    delivered, nothing pending) ends at once."""
     status = await kv.status()
     stream = status.stream_info.config.name
     if stream is None or not status.stream_info.state.messages:
         return {}
     pre = f"{KV_PREFIX}{status.bucket}."
+    latest: dict[str, LatestValue] = {}
+    for part in await asyncio.gather(*(_read(js, stream, pre, k, quiet_s) for k in keys)):
+        for value in part.values():
+            seen = latest.get(value.key)
+            if seen is None or seen.revision < value.revision:
+                latest[value.key] = value
+    return latest
+
+
+async def _read(
+    js: JetStreamContext, stream: str, pre: str, pattern: str, quiet_s: float
+) -> dict[str, LatestValue]:
+    """One pattern's latest values (see :func:`latest_values`)."""
     latest: dict[str, LatestValue] = {}
     done = asyncio.Event()
     horizon: list[int] = []  # the stream's last sequence once the consumer exists
@@ -104,7 +124,7 @@ async def latest_values(
             done.set()
 
     sub = await js.subscribe(
-        f"{pre}>",
+        pre + pattern,
         stream=stream,
         cb=keep,
         ordered_consumer=True,
@@ -113,6 +133,9 @@ async def latest_values(
     )
     try:
         horizon.append((await js.stream_info(stream)).state.last_seq)
+        info = await sub.consumer_info()
+        if not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
+            done.set()  # the server delivered nothing and holds nothing more: empty
         if newest >= horizon[0]:
             done.set()
         while not done.is_set():
@@ -124,10 +147,15 @@ async def latest_values(
     finally:
         await sub.unsubscribe()
     if not done.is_set():
-        missing = [k for k in await bucket_keys(js, kv) if k not in latest]
+        kv_name = pre[len(KV_PREFIX) : -1]
+        kv = await js.key_value(kv_name)
+        found = await js.stream_info(stream, subjects_filter=pre + pattern)
+        missing = [s[len(pre) :] for s in found.state.subjects or {}]
+        missing = [k for k in missing if k not in latest]
         log.warning(
-            "bucket %s: the ordered consumer stalled after %d keys; reading %d by key",
-            status.bucket,
+            "bucket %s, keys %s: the ordered consumer stalled after %d keys; reading %d by key",
+            kv_name,
+            pattern,
             len(latest),
             len(missing),
         )

@@ -74,12 +74,30 @@ def outbox_key(event_id: str) -> str:
     return OUTBOX_PREFIX + hashlib.sha1(event_id.encode(), usedforsecurity=False).hexdigest()
 
 
+def load_patterns(clusters: Iterable[ClusterKey] | None) -> tuple[str, ...]:
+    """The bucket's key patterns holding ``clusters``' state (None: every key)."""
+    if clusters is None:
+        return (">",)
+    patterns = [f"{OUTBOX_PREFIX}>"]
+    for region, cluster in sorted(set(clusters)):
+        patterns += [
+            f"{region}.{cluster}.>",
+            f"{SIGNALS_PREFIX}{region}.{cluster}.>",
+            rail_key(region, cluster),
+        ]
+    return tuple(patterns)
+
+
 class NodeStore:
     """NodeRecords, RailStates and pending events, cached, with their KV revisions."""
 
-    def __init__(self, kv: KeyValue, js: JetStreamContext) -> None:
+    def __init__(
+        self, kv: KeyValue, js: JetStreamContext, clusters: Iterable[ClusterKey] | None = None
+    ) -> None:
         self._kv = kv
         self._js = js
+        self._scope = load_patterns(clusters)
+        """The key patterns :meth:`load` reads: the whole bucket, or a shard's clusters."""
         self._revisions: dict[str, int] = {}
         self.records: dict[str, NodeRecord] = {}
         """By node handle."""
@@ -95,9 +113,16 @@ class NodeStore:
         """Handles whose cached record is newer than KV in liveness fields only."""
 
     @classmethod
-    async def open(cls, js: JetStreamContext, subjects: Subjects) -> NodeStore:
-        """The store over ``subjects.bucket("nodes")`` (which must exist), loaded."""
-        store = cls(await js.key_value(subjects.bucket("nodes")), js)
+    async def open(
+        cls,
+        js: JetStreamContext,
+        subjects: Subjects,
+        clusters: Iterable[ClusterKey] | None = None,
+    ) -> NodeStore:
+        """The store over ``subjects.bucket("nodes")`` (which must exist), loaded: the
+        whole bucket, or with ``clusters`` (a shard's) only their records, rails and
+        scoring histories (and every pending event: the caller keeps its own)."""
+        store = cls(await js.key_value(subjects.bucket("nodes")), js, clusters)
         await store.load()
         return store
 
@@ -106,6 +131,7 @@ class NodeStore:
         in place: whoever holds this store sees the new state, and readers never see a
         half-loaded one (the fresh state is read aside, then taken over at once)."""
         fresh = NodeStore(self._kv, self._js)
+        fresh._scope = self._scope
         await fresh.load()
         self._revisions, self.records, self.rails = fresh._revisions, fresh.records, fresh.rails
         self.outbox, self._sizes, self.signals = fresh.outbox, fresh._sizes, fresh.signals
@@ -114,7 +140,7 @@ class NodeStore:
     async def load(self) -> None:
         """Read every key of the bucket into the cache (at start, at a takeover): one
         ordered consumer over the bucket, not a get per key (kv_keys.py)."""
-        for latest in (await latest_values(self._js, self._kv)).values():
+        for latest in (await latest_values(self._js, self._kv, self._scope)).values():
             if latest.value is None and not self._holds_key(latest.key):
                 continue  # a delete marker (a published event's outbox entry): nothing held
             self._apply(latest.key, latest.revision, latest.value)

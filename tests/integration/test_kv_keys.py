@@ -144,3 +144,10 @@ async def test_a_store_loads_records_signals_and_skips_deleted_outbox_entries(
     assert nodes[1].handle in reader.signals
     assert reader.cluster_size("r1", "c0") == 14
     await reader.put_record(NodeRecord(node=nodes[2], grade="SUB_HEALTHY"))  # revisions kept
+    shard = await NodeStore.open(js, subjects, [("r1", "c1")])  # a shard's share
+    assert set(shard.records) == {n.handle for n in nodes if n.cluster == "c1"}
+    assert set(shard.signals) == {nodes[1].handle}  # n1 is in c1
+    assert set(shard.outbox) == {"e1", "e2", "e3"}  # all pending: the shard keeps its own
+    assert shard.cluster_size("r1", "c0") == 0
+    await shard.reload()
+    assert set(shard.records) == {n.handle for n in nodes if n.cluster == "c1"}
