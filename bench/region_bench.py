@@ -12,9 +12,11 @@ cycle (100,000 nodes at 30 s is 3,333 batches/s: the issue's size).  In one run:
     more cycles are published, the shards start again, and the rate is read from the
     consumers' backlog going from 90 % to 10 % (start-up excluded).  Baseline in the
     same run: a raw nats-py pull consumer (fetch, decode, ack) over the same batches.
-(b) Fault-to-isolation with the largest shard count: 1 % of the nodes (spread over the
-    clusters) publish a batch with an uncorrectable ECC error at once; a core
-    subscription times each ``node.isolated``; p50/p99 of arrival minus publish.
+(b) Fault-to-isolation with the largest shard count: while the fleet keeps its pace
+    (every node's batch each ``--interval-s``, acknowledged), 1 % of the nodes (spread
+    over the clusters) publish a batch with an uncorrectable ECC error at once; a core
+    subscription times each ``node.isolated``; p50/p99 of arrival minus publish.  The
+    shards' memory after the warm-up is printed per node.
 (c) A shard SIGKILLed mid-run (lease TTL ``--lease-ttl-s``): the fleet keeps its pace,
     1 % of the dead shard's nodes fail right after; takeover time (kill -> the lease
     held by another shard) and isolations exactly once.
@@ -23,7 +25,7 @@ cycle (100,000 nodes at 30 s is 3,333 batches/s: the issue's size).  In one run:
     holds each acknowledged batch once, every shard's consumer drained).
 
 Usage: python bench/region_bench.py [--quick] [--nodes N] [--clusters N] [--cycles N]
-       [--shards 1,2,4] [--interval-s S] [--lease-ttl-s S]
+       [--shards 1,2,4] [--interval-s S] [--lease-ttl-s S] [--no-sustained]
 """
 
 from __future__ import annotations
@@ -183,6 +185,21 @@ class Region:
             total += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
         return total
 
+    async def publish_faults(self, failing: set[str], seq: int) -> dict[str, float]:
+        """One UE batch of each ``failing`` node at once (JetStream publishes, awaited
+        together): the time each was published."""
+        sent: dict[str, float] = {}
+
+        async def one(handle: str) -> None:
+            _, cluster, node = handle.split(".")
+            data = encode(make_batch(cluster, node, seq, ue_dimm=3))
+            subject = self.subjects.telemetry(REGION, cluster, node)
+            sent[handle] = time.time()
+            await self.js.publish(subject, data, headers={"Nats-Msg-Id": f"{handle}-f{seq}"})
+
+        await asyncio.gather(*(one(h) for h in sorted(failing)))
+        return sent
+
     async def publish_cycle(
         self, seq: int, failing: frozenset[str] = frozenset(), sent: dict[str, float] | None = None
     ) -> int:
@@ -224,6 +241,17 @@ def cpu_s(pids: list[int]) -> float:
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def rss_kib(pids: list[int]) -> int:
+    """The processes' resident memory together, KiB."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
     return total
 
 
@@ -349,6 +377,11 @@ class Pacer:
     acked: int = 0
     longest_s: float = 0.0
     stop: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    def rate(self) -> float:
+        """Batches acknowledged per second since the pacer began."""
+        return self.acked / max(1e-9, time.monotonic() - self.started)
 
     async def run(self) -> None:
         js, nodes = self.region.js, self.region.nodes
@@ -387,11 +420,17 @@ async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
     region = Region(nc, js, cluster.urls, root, nodes, groups_of(clusters, shards), ttl_s=ttl_s)
     await region.create()
     await region.start_shards()
+    pids = [p.pid for p in region.procs.values()]
+    empty = rss_kib(pids)
     for seq in (1, 2):
         await region.publish_cycle(seq)
     await until(region.backlog, lambda n: n == 0, "the warm-up taken in")
+    rss = rss_kib(pids)
+    print(f"shards' memory after the warm-up: {rss / 1024:,.0f} MiB RSS in {shards} processes "
+          f"({empty / 1024:,.0f} MiB before any node): {(rss - empty) / len(nodes):.2f} KiB "
+          f"per node of the region")  # fmt: skip
 
-    # (b) 1 % of the nodes fail at once
+    # (b) 1 % of the nodes fail at once, while the rest keep their pace
     arrivals: dict[str, float] = {}
 
     async def on_ctl(msg: Msg) -> None:
@@ -401,23 +440,25 @@ async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
 
     sub = await nc.subscribe(f"{region.subjects.prefix}.ctl.>", cb=on_ctl)
     failing = pick_failing(nodes, 0.01)
-    sent: dict[str, float] = {}
-    await region.publish_cycle(3, frozenset(failing), sent)
+    stored_before = await stream_count(js, region.subjects)
+    pacer = Pacer(region, interval_s)
+    task = asyncio.create_task(pacer.run())
+    await asyncio.sleep(min(interval_s, 5.0))  # the fleet at its pace
+    sent = await region.publish_faults(failing, pacer.seq + 1)
+    pacer.failing |= failing
 
     async def isolated() -> int:
         return len(arrivals)
 
     await until(isolated, lambda n: n >= len(failing), "every failing node isolated")
     lat = [arrivals[h] - sent[h] for h in failing]  # each from its own batch's publish
-    print(f"fault-to-isolation, {len(failing)} of {len(nodes)} nodes failing at once, "
-          f"{shards} shards: p50 {percentile(lat, 50):.2f} s, p99 {percentile(lat, 99):.2f} s, "
+    print(f"fault-to-isolation, {len(failing)} of {len(nodes)} nodes failing at once "
+          f"(the others at {len(nodes) / interval_s:,.0f} batches/s offered, "
+          f"{pacer.rate():,.0f}/s acknowledged), {shards} shards: "
+          f"p50 {percentile(lat, 50):.2f} s, p99 {percentile(lat, 99):.2f} s, "
           f"max {max(lat):.2f} s (goal p99 <= 1 s at 100,000 nodes)")  # fmt: skip
 
     # (c) a shard SIGKILLed mid-run, its nodes failing right after
-    stored_before = await stream_count(js, region.subjects)
-    pacer = Pacer(region, interval_s, failing=set(failing))
-    task = asyncio.create_task(pacer.run())
-    await asyncio.sleep(min(interval_s, 5.0))  # the fleet at its pace before the kill
     victim = "s0"
     proc = region.procs[f"p{victim}"]
     delivered_at_kill = await region.delivered(victim)
@@ -453,7 +494,7 @@ async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
     await asyncio.sleep(min(interval_s, 10.0))  # the fleet keeps its pace through the loss
     pacer.stop = True
     await task
-    published = pacer.acked
+    published = pacer.acked + len(failing)
     in_stream = await until(lambda: stream_count(js, region.subjects),
                             lambda n: n is not None, "stream info")  # fmt: skip
     await until(region.backlog, lambda n: n == 0, "every shard drained")
@@ -486,7 +527,7 @@ async def measure(args: argparse.Namespace, root: Path) -> None:
               f"is 100,000 nodes at 30 s = 3,333 batches/s "
               f"({args.nodes / 100_000:.1%} of it here)")  # fmt: skip
         base = None
-        for shards in counts:
+        for shards in [] if args.no_sustained else counts:
             servers = [s.pid for s in cluster.servers if s.pid is not None]
             drain, raw = await sustained(nc, urls, root, nodes, args.clusters, shards,
                                          args.cycles, servers)  # fmt: skip
@@ -524,6 +565,8 @@ def main() -> int:
     parser.add_argument("--shards", default="1,2,4", help="shard counts measured")
     parser.add_argument("--interval-s", type=float, default=30.0)
     parser.add_argument("--lease-ttl-s", type=float, default=10.0)
+    parser.add_argument("--no-sustained", action="store_true",
+                        help="skip (a): faults, the shard and the server kill only")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.clusters, args.cycles, args.shards = 200, 4, 2, "1,2"
