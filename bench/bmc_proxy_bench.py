@@ -35,7 +35,7 @@ from pathlib import Path
 import nats
 from nats.aio.msg import Msg
 
-from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.state.streams import ensure_streams
 from metalguard.proto.codec import decode
 from metalguard.proto.subjects import Subjects

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import nats
 
-from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.state.streams import ensure_streams
 from metalguard.demo.sim.fleet import SimFleet
 from metalguard.proto.subjects import Subjects

@@ -61,10 +61,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from metalguard.controller.broker.server import NatsServer, find_nats_server
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING
 from metalguard.controller.ingest.consumer import Ingest
 from metalguard.controller.ingest.settings import IngestSettings, StreamKind, durable_name, tune_gc
-from metalguard.controller.natsserver import NatsServer, find_nats_server
 from metalguard.controller.region import RegionController
 from metalguard.controller.state.store import NodeStore
 from metalguard.controller.state.streams import ensure_streams

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the VM harness lives with the integration tests
 
-from metalguard.controller.natsserver import NatsServer  # noqa: E402
+from metalguard.controller.broker.server import NatsServer  # noqa: E402
 from metalguard.controller.state.streams import ensure_streams  # noqa: E402
 from metalguard.proto.provision import Instance, InstanceRequest  # noqa: E402
 from metalguard.proto.subjects import Subjects  # noqa: E402

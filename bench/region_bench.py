@@ -1,6 +1,6 @@
 """A region on a 3-server NATS cluster (JetStream R3) with 1, 2 and 4 controller shards.
 
-Starts its own 3-server cluster on loopback (controller/natscluster.py), runs
+Starts its own 3-server cluster on loopback (controller/broker/cluster.py), runs
 ``controller setup``'s stream creation with 3 replicas, and starts the shards as child
 processes (``metalguard controller run`` with ``[shards]``, docs/scaling.md).  The load
 is real TelemetryBatches (bench/ingest_bench.py's ``make_batch``: EDAC, PCIe/AER, hwmon,
@@ -55,9 +55,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import KeyNotFoundError
 
+from metalguard.controller.broker.cluster import NatsCluster
 from metalguard.controller.config import IngestSection
 from metalguard.controller.ingest.settings import StreamKind, durable_name
-from metalguard.controller.natscluster import NatsCluster
 from metalguard.controller.shards.plan import shard_key
 from metalguard.controller.shards.service import shard_settings
 from metalguard.controller.state.streams import StreamSettings, ensure_streams
@@ -67,7 +67,7 @@ from metalguard.proto.subjects import Subjects
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 PUBLISH_CHUNK = 512
-DEADLINE_S = 600.0
+DEADLINE_S = 1800.0
 CHILDREN: list[asyncio.subprocess.Process] = []
 """Every shard process started: killed at the end whatever happened."""
 T = TypeVar("T")

@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.state.streams import (
     StreamSettings,
     bucket_configs,

@@ -47,6 +47,7 @@ from metalguard.controller.api.sse import (
     Unsubscribe,
     consumer_config,
 )
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.core.congestion import CongestionView
 from metalguard.controller.core.lifecycle import OperatorAction
 from metalguard.controller.core.scoring.signals import NodeSignals
@@ -55,7 +56,6 @@ from metalguard.controller.federation.view import busy_nodes, job_counts
 from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.spec import JobRejectedError
 from metalguard.controller.jobs.store import JobStore
-from metalguard.controller.natsserver import NatsServer
 from metalguard.controller.qos import QosStore
 from metalguard.controller.region import RegionController
 from metalguard.controller.service import start_ingest

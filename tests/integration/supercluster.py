@@ -13,12 +13,12 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.creds.permissions import (
     account_of,
     federation_exports,
     federation_imports,
 )
-from metalguard.controller.natsserver import NatsServer
 
 PASSWORD = "region-pw"
 

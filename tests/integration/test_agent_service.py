@@ -12,7 +12,7 @@ import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from metalguard.agent.spool import Spool
-from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.state.streams import ensure_streams
 from metalguard.proto.codec import decode
 from metalguard.proto.subjects import DEFAULT_SUBJECTS, TelemetrySubject

@@ -24,8 +24,8 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.core.lifecycle import silence_limit_s
-from metalguard.controller.natsserver import NatsServer
 from metalguard.controller.state.streams import ensure_streams
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.subjects import Subjects

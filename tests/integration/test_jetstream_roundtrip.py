@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from metalguard.controller.natsserver import NatsServer, NatsServerError
+from metalguard.controller.broker.server import NatsServer, NatsServerError
 from metalguard.controller.state.streams import StreamSettings, bucket_configs, ensure_streams
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import decode, encode
@@ -295,7 +295,7 @@ async def test_node_event_round_trip(env: JetStreamEnv) -> None:
         await psub.unsubscribe()
 
 
-# --- controller.natsserver.NatsServer --------------------------------------------------------
+# --- controller.broker.server.NatsServer --------------------------------------------------------
 
 
 async def test_server_start_gives_a_url_that_accepts_connections(

@@ -24,7 +24,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from metalguard.agent.publisher import Publisher, PublisherSettings, batch_msg_id, event_msg_id
 from metalguard.agent.spool import Spool, SpoolEntry
-from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.state.streams import ensure_streams
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import decode, encode

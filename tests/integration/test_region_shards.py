@@ -19,7 +19,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from metalguard.controller.natscluster import NatsCluster
+from metalguard.controller.broker.cluster import NatsCluster
 from metalguard.proto.subjects import Subjects
 from tests.integration.ha_leases import TTL_S
 from tests.integration.region_cluster import (

@@ -25,7 +25,7 @@ from nats.js.api import ConsumerConfig
 
 from metalguard.agent.publisher import Publisher, PublisherSettings
 from metalguard.agent.spool import Spool
-from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.region import RegionController
 from metalguard.controller.service import start_ingest
 from metalguard.controller.state.store import NodeStore

@@ -24,9 +24,9 @@ from nats.aio.client import Client
 
 from metalguard.agent.connection import Connection, NatsSettings
 from metalguard.controller.api.server import start_api
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.config import HttpSection, NatsSection
 from metalguard.controller.leader import Leadership
-from metalguard.controller.natsserver import NatsServer
 from metalguard.controller.service import connect_options
 from metalguard.proto.subjects import Subjects
 from tests.integration.api_env import ADMIN_TOKEN, FLEET, READ_TOKEN, api_env

@@ -19,7 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from examples import trainer
-from metalguard.controller.natsserver import NatsServer
+from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.state.streams import ensure_streams
 from metalguard.proto.base import AttrValue, NodeIdentity
 from metalguard.proto.codec import decode, encode

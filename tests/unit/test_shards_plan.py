@@ -1,5 +1,5 @@
 """The shard map of ``[shards]`` and its pure decisions (controller/shards/plan.py), and
-the cluster harness's member config (controller/natscluster.py)."""
+the cluster harness's member config (controller/broker/cluster.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from metalguard.controller.broker.cluster import ServerPorts, server_config
 from metalguard.controller.config import ConfigError, parse_config
-from metalguard.controller.natscluster import ServerPorts, server_config
 from metalguard.controller.shards.plan import (
     ShardsSection,
     candidates,

@@ -27,7 +27,7 @@ FORBIDDEN_IN_UNIT = {
     "http.server": "serves HTTP",
     "pyroute2": "netlink and network namespaces (root)",
     "selenium": "drives a browser",
-    "metalguard.controller.natsserver": "starts a nats-server",
+    "metalguard.controller.broker.server": "starts a nats-server",
 }
 """Modules (and their submodules) a unit test module must not import, and why."""
 

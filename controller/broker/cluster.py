@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from metalguard.controller.natsserver import NatsServer, NatsServerError
+from metalguard.controller.broker.server import NatsServer, NatsServerError
 
 CLUSTER_NAME = "mg-region"
 
