@@ -24,6 +24,7 @@ from nats.js import JetStreamContext
 from metalguard.controller.api.jobs import JobsView
 from metalguard.controller.api.server import start_api
 from metalguard.controller.api.sse import NatsEventSource
+from metalguard.controller.compose import configured_controller
 from metalguard.controller.config import (
     ConfigError,
     ControllerConfig,
@@ -32,7 +33,6 @@ from metalguard.controller.config import (
     load_config,
 )
 from metalguard.controller.core.scoring.config import ScoringConfig
-from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.federation.jobs import FederatedJobs
 from metalguard.controller.federation.service import Federation
 from metalguard.controller.federation.view import busy_nodes, job_counts
@@ -214,17 +214,8 @@ async def _serve(
         return 1
     instance = cfg.ha.instance if cfg.ha is not None else ""
     settings = ingest_settings(cfg.region, cfg.ingest, instance)
-    controller = RegionController(
-        js,
-        store,
-        subjects,
-        cfg.region,
-        cfg.lifecycle,
-        scoring,
-        publish_timeout_s=cfg.nats.publish_timeout_s,
-        leading=leadership.leading,
-        owns=settings.owns,
-        topology=TopologyView(cfg.topology),
+    controller = configured_controller(
+        js, store, subjects, cfg, scoring, leading=leadership.leading, owns=settings.owns
     )
     reload_on_election(leadership, controller)
     jobs = JobManager(  # docs/jobs.md

@@ -82,12 +82,13 @@ class NatsCluster:
         return [f"nats://127.0.0.1:{p.client}" for p in self.ports]
 
     def start(self, timeout: float = 30.0) -> list[str]:
-        """Start every member, wait for JetStream's meta leader; the client URLs."""
+        """Start every member, wait for JetStream's meta leader with every member current
+        (a stream of N replicas can be placed at once); the client URLs."""
         deadline = time.monotonic() + timeout
         try:
             for server in self.servers:
                 server.start(max(1.0, deadline - time.monotonic()))
-            self.wait_meta_leader(max(1.0, deadline - time.monotonic()))
+            self.wait_meta_leader(max(1.0, deadline - time.monotonic()), len(self.servers) - 1)
         except NatsServerError:
             self.stop()
             raise
@@ -106,14 +107,15 @@ class NatsCluster:
         """Start a stopped member again (same ports, same store): it catches up by itself."""
         self.servers[index].start(timeout)
 
-    def wait_meta_leader(self, timeout: float) -> str:
-        """Block until some running member names JetStream's meta leader; its name."""
+    def wait_meta_leader(self, timeout: float, peers: int = 0) -> str:
+        """Block until some running member names JetStream's meta leader and (``peers``)
+        sees that many other members current; the leader's name."""
         deadline = time.monotonic() + timeout
         while True:
             for server, ports in zip(self.servers, self.ports, strict=True):
                 if not server.running:
                     continue
-                leader = _meta_leader(ports.monitor)
+                leader = _meta_leader(ports.monitor, peers)
                 if leader:
                     return leader
             if time.monotonic() >= deadline:
@@ -145,8 +147,9 @@ class NatsCluster:
         self.close()
 
 
-def _meta_leader(monitor_port: int) -> str:
-    """The meta leader's name from a member's ``/jsz`` (empty while there is none)."""
+def _meta_leader(monitor_port: int, peers: int = 0) -> str:
+    """The meta leader's name from a member's ``/jsz`` (empty while there is none, or
+    while fewer than ``peers`` other members are current in its view)."""
     url = f"http://127.0.0.1:{monitor_port}/jsz"
     try:
         with urllib.request.urlopen(url, timeout=1) as resp:
@@ -154,4 +157,7 @@ def _meta_leader(monitor_port: int) -> str:
     except (OSError, urllib.error.URLError, ValueError):
         return ""
     cluster = body.get("meta_cluster") or {}
+    current = [r for r in cluster.get("replicas") or [] if r.get("current")]
+    if len(current) < peers:
+        return ""
     return str(cluster.get("leader") or "")

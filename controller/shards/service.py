@@ -19,9 +19,9 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
+from metalguard.controller.compose import configured_controller
 from metalguard.controller.config import ControllerConfig, IngestSection
 from metalguard.controller.core.scoring.config import ScoringConfig
-from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.ingest.consumer import IngestSettings
 from metalguard.controller.leader import Lease, LeaseTiming, lease_ttl
 from metalguard.controller.region import RegionController
@@ -79,18 +79,8 @@ async def shard_runners(
         def make(
             store: NodeStore, leading: Callable[[], bool], s: IngestSettings = settings
         ) -> RegionController:
-            return RegionController(
-                js,
-                store,
-                subjects,
-                cfg.region,
-                cfg.lifecycle,
-                scoring,
-                publish_timeout_s=cfg.nats.publish_timeout_s,
-                leading=leading,
-                owns=s.owns,
-                topology=TopologyView(cfg.topology),
-                clock=clock,
+            return configured_controller(
+                js, store, subjects, cfg, scoring, leading=leading, owns=s.owns, clock=clock
             )
 
         lease = Lease(
