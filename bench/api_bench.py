@@ -67,11 +67,10 @@ from metalguard.controller.api.nodes import (  # noqa: E402
 )
 from metalguard.proto.nodes import NodeRecord  # noqa: E402
 from tests.integration.api_fleet import FleetView, NoEvents, fleet_view, place  # noqa: E402
+from tests.integration.headless_chromium import missing_parts, start_chromium  # noqa: E402
 
 GOAL_MS = 100.0
 PAINT_GOAL_S = 2.0
-CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
-CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 async def summary_rebuilt(request: web.Request) -> web.Response:
@@ -284,22 +283,7 @@ def bench_writes(view: FleetView, writes: int) -> None:
 
 @contextmanager
 def chromium() -> Iterator[Any]:
-    from selenium import webdriver
-
-    binary = next(p for p in CHROMIUM if os.access(p, os.X_OK))
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(
-        service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options
-    )
+    driver = start_chromium()
     try:
         yield driver
     finally:
@@ -325,12 +309,8 @@ def first_view_s(driver: Any, url: str, deadline_s: float = 120.0) -> tuple[floa
 
 
 def bench_browser(nodes: int, small: int, reps: int) -> None:
-    missing = [p for p in (*CHROMIUM[:1], CHROMEDRIVER) if not os.access(p, os.X_OK)]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("selenium")
-    if missing and not any(os.access(p, os.X_OK) for p in CHROMIUM):
+    missing = missing_parts()
+    if missing:
         print(f"dashboard: skipped ({', '.join(missing)} missing)")
         return
     with Server(fleet_view(nodes)) as big, Server(fleet_view(small)) as little, chromium() as d:

@@ -50,21 +50,20 @@ from metalguard.proto.telemetry import NetInterface, QosInterfaceStatus, Telemet
 from tests.clock import T0
 from tests.integration.api_env import FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
 from tests.integration.api_fleet import NoEvents, fleet_view
+from tests.integration.headless_chromium import missing_parts, start_chromium
 from tests.waiting import wait_for_line
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra)")
-from selenium.common.exceptions import (  # noqa: E402  (after the skip above)
+pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra)")
+from selenium.common.exceptions import (
     StaleElementReferenceException,
     WebDriverException,
 )
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 REPO = Path(__file__).resolve().parents[2]
 METALGUARD = Path(sys.executable).parent / "metalguard"
-CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
-CHROMEDRIVER = "/usr/bin/chromedriver"
 FAULTY = "r1c1k1n2"
 SCENARIO = f"""description = "one uncorrectable ECC error"
 [[fault]]
@@ -97,33 +96,13 @@ def artifacts() -> Path:
 
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
-    binary = next((p for p in CHROMIUM if os.access(p, os.X_OK)), None)
-    missing = [
-        what
-        for what, ok in (
-            ("chromium", binary),
-            ("chromium-driver", os.access(CHROMEDRIVER, os.X_OK)),
-        )
-        if not ok
-    ]
+    missing = missing_parts()
     if missing:
         reason = f"{' and '.join(missing)} not installed (tests/ensure-tools.sh installs them)"
         print(f"SKIP browser test: {reason}")
         pytest.skip(reason)
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(binary)
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(arg)
     try:
-        driver = webdriver.Chrome(
-            service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options
-        )
+        driver = start_chromium()
     except WebDriverException as exc:  # installed but broken: a failure, not a skip
         pytest.fail(f"chromium is installed but could not start: {exc.msg}")
     try:
@@ -141,6 +120,12 @@ def wait(driver: WebDriver, timeout_s: float, what: str, check: Callable[[WebDri
     except Exception:
         shot(driver, "failure")
         raise
+
+
+def fresh(driver: WebDriver, timeout_s: float, what: str, read: Callable[[WebDriver], Any]) -> Any:
+    """``read(driver)`` (finding its elements itself), retried while the page re-renders
+    under it (a stale element: the views redraw on every poll, slower on a busy host)."""
+    return wait(driver, timeout_s, what, lambda d: (read(d),))[0]
 
 
 def shot(driver: WebDriver, name: str) -> Path:
@@ -346,15 +331,21 @@ async def test_the_jobs_view_lists_the_job_manager_s_jobs(
         app = make_app(env.controller, env.source, jobs=manager)
         async with serve(app) as base:
             await asyncio.to_thread(browser.get, f"{base}/ui/#/jobs")
-            row = await asyncio.to_thread(
-                wait,
+            css = f'#jobs tr[data-job="{job.job_id}"]'
+            await asyncio.to_thread(
+                wait, browser, 10, "the job's row", lambda d: d.find_elements(By.CSS_SELECTOR, css)
+            )
+            state, text = await asyncio.to_thread(
+                fresh,
                 browser,
                 10,
-                "the job's row",
-                lambda d: d.find_elements(By.CSS_SELECTOR, f'#jobs tr[data-job="{job.job_id}"]'),
+                "the job's row read",
+                lambda d: (lambda r: (r.get_attribute("data-state"), r.text))(
+                    d.find_element(By.CSS_SELECTOR, css)
+                ),
             )
-            assert row[0].get_attribute("data-state") == "queued"
-            assert "llm-small" in row[0].text
+            assert state == "queued"
+            assert "llm-small" in text
             await asyncio.to_thread(shot, browser, "jobs")
 
 
@@ -487,6 +478,7 @@ LARGE = 100_000
 """Nodes of the large region: 3,125 racks of 32 in 32 clusters (tests/integration/api_fleet.py)."""
 
 
+@pytest.mark.timeout(300)  # 100,000 records built and drawn: minutes on a busy host
 async def test_a_100000_node_region_shows_a_cell_per_rack_that_opens_its_nodes(
     browser: WebDriver,
 ) -> None:
@@ -510,25 +502,40 @@ async def test_a_100000_node_region_shows_a_cell_per_rack_that_opens_its_nodes(
         assert f"Fleet: {LARGE} nodes" in browser.find_element(By.ID, "view").text
         assert "One cell per rack" in browser.find_element(By.ID, "summarised").text
         cluster, rack = failing[0]
-        cell = browser.find_element(
-            By.CSS_SELECTOR, f'button.rack-cell[data-cluster="{cluster}"][data-rack="{rack}"]'
-        )
-        assert cell.get_attribute("data-grade") == "FAILING"  # its worst grade
-        assert "FAILING" in str(cell.get_attribute("aria-label"))
-        assert cell.text == "32"
+        css = f'button.rack-cell[data-cluster="{cluster}"][data-rack="{rack}"]'
+        grade, label, text = await asyncio.to_thread(
+            fresh,
+            browser,
+            10,
+            "the failing rack's cell",
+            lambda d: (lambda c: (c.get_attribute("data-grade"), c.get_attribute("aria-label"),
+                                  c.text))(d.find_element(By.CSS_SELECTOR, css)),
+        )  # fmt: skip
+        assert grade == "FAILING"  # its worst grade
+        assert "FAILING" in str(label)
+        assert text == "32"
         await asyncio.to_thread(shot, browser, "large-region")
-        await asyncio.to_thread(cell.click)
-        nodes = await asyncio.to_thread(
+        await asyncio.to_thread(
+            fresh,
+            browser,
+            10,
+            "the cell clicked",
+            lambda d: click(d.find_element(By.CSS_SELECTOR, css)),
+        )
+        names = await asyncio.to_thread(
             wait,
             browser,
             30,
             f"rack {rack}'s 32 nodes",
             lambda d: (
                 len(d.find_elements(By.CSS_SELECTOR, "button.node")) == 32
-                and d.find_elements(By.CSS_SELECTOR, "button.node")
+                and [
+                    n.get_attribute("data-node")
+                    for n in d.find_elements(By.CSS_SELECTOR, "button.node")
+                ]
             ),
         )
-        assert {n.get_attribute("data-node").split(".")[1] for n in nodes} == {cluster}
+        assert {str(n).split(".")[1] for n in names} == {cluster}
         assert browser.find_elements(By.CSS_SELECTOR, 'button.node[data-grade="FAILING"]')
         assert rack in browser.find_element(By.ID, "rack-title").text
         await asyncio.to_thread(shot, browser, "large-region-rack")
@@ -537,5 +544,11 @@ async def test_a_100000_node_region_shows_a_cell_per_rack_that_opens_its_nodes(
         await asyncio.to_thread(
             wait, browser, 60, "the fleet again", lambda d: d.find_elements(By.ID, "summarised")
         )
-        link = browser.find_element(By.CSS_SELECTOR, '#summarised a[href="#/fleet/nodes"]')
-        assert link.text == "every node"
+        link = await asyncio.to_thread(
+            fresh,
+            browser,
+            10,
+            "the every-node link",
+            lambda d: d.find_element(By.CSS_SELECTOR, '#summarised a[href="#/fleet/nodes"]').text,
+        )
+        assert link == "every node"
