@@ -109,7 +109,9 @@ def node_name(i: int) -> str:
     return f"n{i:05d}"
 
 
-def make_batch(cluster: str, node: str, seq: int, ue_dimm: int | None = None) -> TelemetryBatch:
+def make_batch(
+    cluster: str, node: str, seq: int, ue_dimm: int | None = None, interval_s: float = 15.0
+) -> TelemetryBatch:
     """A healthy node's cycle: 2 EDAC controllers x 4 DIMMs, 4 PCIe functions with AER
     counter dicts, one hwmon chip with 4 fans and 4 temperatures (jittering with ``seq``,
     as real sensors do), 4 collector runs.
@@ -180,7 +182,7 @@ def make_batch(cluster: str, node: str, seq: int, ue_dimm: int | None = None) ->
         node=NodeIdentity(region=REGION, cluster=cluster, node=node),
         seq=seq,
         ts=now,
-        interval_s=15.0,
+        interval_s=interval_s,
         started_ts=now - 0.01,
         edac=edac,
         pcie=pcie,

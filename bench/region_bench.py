@@ -26,6 +26,7 @@ cycle (100,000 nodes at 30 s is 3,333 batches/s: the issue's size).  In one run:
 
 Usage: python bench/region_bench.py [--quick] [--nodes N] [--clusters N] [--cycles N]
        [--shards 1,2,4] [--interval-s S] [--lease-ttl-s S] [--no-sustained]
+       [--warmup-cycles N]
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ class Region:
     nodes: list[tuple[str, str]]
     groups: dict[str, list[str]]
     ttl_s: float
+    interval_s: float = 15.0
+    """The batches' nominal interval (silence is judged against it)."""
     subjects: Subjects = field(default_factory=lambda: Subjects(f"b{uuid4().hex[:8]}"))
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
 
@@ -192,7 +195,7 @@ class Region:
 
         async def one(handle: str) -> None:
             _, cluster, node = handle.split(".")
-            data = encode(make_batch(cluster, node, seq, ue_dimm=3))
+            data = encode(make_batch(cluster, node, seq, ue_dimm=3, interval_s=self.interval_s))
             subject = self.subjects.telemetry(REGION, cluster, node)
             sent[handle] = time.time()
             await self.js.publish(subject, data, headers={"Nats-Msg-Id": f"{handle}-f{seq}"})
@@ -207,7 +210,8 @@ class Region:
         gets the time each failing node's batch was published."""
         for i, (cluster, node) in enumerate(self.nodes):
             handle = f"{REGION}.{cluster}.{node}"
-            batch = make_batch(cluster, node, seq, ue_dimm=3 if handle in failing else None)
+            batch = make_batch(cluster, node, seq, ue_dimm=3 if handle in failing else None,
+                               interval_s=self.interval_s)  # fmt: skip
             if sent is not None and handle in failing:
                 sent[handle] = time.time()
             await self.nc.publish(self.subjects.telemetry(REGION, cluster, node), encode(batch))
@@ -399,7 +403,8 @@ class Pacer:
     async def _one(self, js: JetStreamContext, cluster: str, node: str) -> None:
         handle = f"{REGION}.{cluster}.{node}"
         failing = handle in self.failing
-        batch = make_batch(cluster, node, self.seq, ue_dimm=3 if failing else None)
+        batch = make_batch(cluster, node, self.seq, ue_dimm=3 if failing else None,
+                           interval_s=self.interval_s)  # fmt: skip
         data, began = encode(batch), time.monotonic()
         subject = self.region.subjects.telemetry(REGION, cluster, node)
         while True:
@@ -415,16 +420,22 @@ class Pacer:
 
 async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
                            nodes: list[tuple[str, str]], clusters: int, shards: int,
-                           interval_s: float, ttl_s: float) -> None:  # fmt: skip
+                           interval_s: float, ttl_s: float, warmup: int = 2) -> None:  # fmt: skip
     js = nc.jetstream(timeout=30)
-    region = Region(nc, js, cluster.urls, root, nodes, groups_of(clusters, shards), ttl_s=ttl_s)
+    region = Region(nc, js, cluster.urls, root, nodes, groups_of(clusters, shards), ttl_s=ttl_s,
+                    interval_s=interval_s)  # fmt: skip
     await region.create()
     await region.start_shards()
     pids = [p.pid for p in region.procs.values()]
     empty = rss_kib(pids)
-    for seq in (1, 2):
+    began = time.monotonic()
+    for seq in range(1, 1 + warmup):
         await region.publish_cycle(seq)
     await until(region.backlog, lambda n: n == 0, "the warm-up taken in")
+    took = time.monotonic() - began
+    print(f"warm-up: {warmup} cycle(s) of {len(nodes):,} nodes taken in by {shards} shards in "
+          f"{took:,.0f} s ({warmup * len(nodes) / took:,.0f} batches/s, the first contact "
+          f"included: a record created in KV per node)")  # fmt: skip
     rss = rss_kib(pids)
     print(f"shards' memory after the warm-up: {rss / 1024:,.0f} MiB RSS in {shards} processes "
           f"({empty / 1024:,.0f} MiB before any node): {(rss - empty) / len(nodes):.2f} KiB "
@@ -545,7 +556,7 @@ async def measure(args: argparse.Namespace, root: Path) -> None:
                   f"at 30 s), 3 nats-servers {drain.server_cpu_per_batch * 1e3:.2f} ms/batch "
                   f"together ({server_core:,.0f} batches/s per core)")  # fmt: skip
         await faults_and_kills(nc, cluster, root, nodes, args.clusters, max(counts),
-                               args.interval_s, args.lease_ttl_s)  # fmt: skip
+                               args.interval_s, args.lease_ttl_s, args.warmup_cycles)  # fmt: skip
         print(f"load average after: {os.getloadavg()[0]:.1f}")
     finally:
         for proc in CHILDREN:
@@ -565,6 +576,8 @@ def main() -> int:
     parser.add_argument("--shards", default="1,2,4", help="shard counts measured")
     parser.add_argument("--interval-s", type=float, default=30.0)
     parser.add_argument("--lease-ttl-s", type=float, default=10.0)
+    parser.add_argument("--warmup-cycles", type=int, default=2,
+                        help="cycles of every node first (1: first contact)")  # fmt: skip
     parser.add_argument("--no-sustained", action="store_true",
                         help="skip (a): faults, the shard and the server kill only")  # fmt: skip
     args = parser.parse_args()
