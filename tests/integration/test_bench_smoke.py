@@ -179,3 +179,26 @@ def test_scheduler_bench_quick_places_the_gang() -> None:
     assert re.search(
         r"^gang of 256 nodes placed at level \w+ in [\d.]+ ms CPU", result.stdout, re.M
     )
+
+
+STORE_LOAD_BENCH = BENCH.parent / "store_load_bench.py"
+
+
+def test_store_load_bench_quick_prints_its_ratios() -> None:
+    """The bench checks what it loaded (every value; a shard's records only) and exits
+    non-zero otherwise; here its lines and ratios are read back."""
+    result = subprocess.run(
+        [sys.executable, str(STORE_LOAD_BENCH), "--quick", "--single"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "bucket: 1,000 records + 1,000 scoring histories written" in out
+    assert re.search(r"^per key \(baseline\): [\d.]+ s for 2,000 keys", out, re.M), out
+    assert re.search(r"per key/whole [\d.]+x$", out, re.M), out
+    assert re.search(
+        r"^a shard's share \(10 of 40 clusters\): [\d.]+ s; per key/shard [\d.]+x$", out, re.M
+    ), out
