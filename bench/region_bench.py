@@ -361,12 +361,15 @@ async def isolations(js: JetStreamContext, subjects: Subjects) -> Counter[str]:
 
 def pick_failing(nodes: list[tuple[str, str]], fraction: float, clusters: set[str] | None = None,
                  exclude: frozenset[str] = frozenset()) -> set[str]:  # fmt: skip
-    """``fraction`` of the nodes (of ``clusters``, not in ``exclude``), spread evenly: a
-    few per cluster, inside the rail's share."""
-    pool = [f"{REGION}.{c}.{n}" for c, n in nodes if clusters is None or c in clusters]
-    pool = [h for h in pool if h not in exclude]
+    """``fraction`` of the nodes (of ``clusters``, not in ``exclude``), the same share of
+    every cluster, spread over it: a few per cluster, inside the rail's share."""
+    by_cluster: dict[str, list[str]] = {}
+    for c, n in nodes:
+        handle = f"{REGION}.{c}.{n}"
+        if (clusters is None or c in clusters) and handle not in exclude:
+            by_cluster.setdefault(c, []).append(handle)
     step = max(1, round(1 / fraction))
-    return set(pool[::step])
+    return {h for pool in by_cluster.values() for h in pool[::step]}
 
 
 @dataclass
