@@ -34,7 +34,12 @@ from nats.errors import Error as NatsError
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from metalguard.controller.stopping import cancel_within
+
 log = logging.getLogger(__name__)
+
+STOP_WAIT_S = 10.0
+"""How long :meth:`Leadership.stop` waits for its cancelled lease loop."""
 
 KEY_PREFIX = "leader."
 
@@ -317,10 +322,8 @@ class Leadership:
     async def stop(self, release: bool = True) -> None:
         """Stop the lease; ``release`` gives it up so a follower takes over at once."""
         task, self._task = self._task, None
-        if task is not None:
-            while not task.done():  # again if a step swallowed the cancel (an inner await's
-                task.cancel()  # suppress(CancelledError) caught ours): never wait for ever
-                await asyncio.wait({task}, timeout=1.0)
+        # cancelled again if a step swallowed the cancel; never waited for ever
+        if task is not None and not await cancel_within([task], STOP_WAIT_S, "lease stop"):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 task.result()
         self._set_ready(False)

@@ -49,6 +49,7 @@ from metalguard.controller.core.topology import TopologyView, with_topology
 from metalguard.controller.decision_metrics import DecisionMetrics
 from metalguard.controller.ingest.consumer import REUSED_SECTIONS
 from metalguard.controller.state.store import NodeStore, StoreConflictError
+from metalguard.controller.stopping import cancel_within
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import encode
 from metalguard.proto.events import ControllerEvent, NodeEvent
@@ -57,6 +58,9 @@ from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
 
 log = logging.getLogger(__name__)
+
+STOP_WAIT_S = 10.0
+"""How long :meth:`RegionController.stop` waits for its cancelled silence task."""
 
 SCORE_POINTS_KEPT = 240
 """Score points remembered per node (the node page's chart)."""
@@ -375,9 +379,7 @@ class RegionController:
         self._stop.set()
         task, self._silence_task = self._silence_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_within([task], STOP_WAIT_S, "region controller stop")
         try:
             await self.flush_liveness()
         except NatsError as exc:

@@ -46,6 +46,7 @@ from metalguard.controller.ingest.settings import (
     filter_subjects,
     shard_of,
 )
+from metalguard.controller.stopping import cancel_within
 from metalguard.proto.base import node_handle
 from metalguard.proto.codec import CodecError, SectionReuse, decode
 from metalguard.proto.events import NodeEvent
@@ -271,9 +272,7 @@ class Ingest:
                 route.task.cancel()  # idle in fetch: nothing of ours is lost
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=self.settings.stop_timeout_s)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_within(pending, self.settings.stop_timeout_s, "ingest stop")
         await self._unsubscribe()
         cancelled = await self._dispatch.drain(self.settings.stop_timeout_s)
         if cancelled:

@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from metalguard.controller.stopping import cancel_within
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -126,9 +128,7 @@ class NodeDispatcher(Generic[T]):
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         left = len(self._lanes)
         workers, self._workers = self._workers, []
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
+        await cancel_within(workers, timeout_s, "ingest drain")
         self._lanes.clear()
         self._ready = asyncio.Queue()
         self._idle.set()

@@ -47,6 +47,7 @@ from metalguard.controller.jobs.scheduler import (
 )
 from metalguard.controller.jobs.spec import NotLeaderError, parse_job
 from metalguard.controller.jobs.store import JobConflictError, JobStore
+from metalguard.controller.stopping import cancel_within
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import CodecError, decode, encode
 from metalguard.proto.events import Command, CommandReply, ControllerEvent, NodeEvent
@@ -162,12 +163,8 @@ class JobManager:
             with contextlib.suppress(NatsError):
                 await self._sub.unsubscribe()
             self._sub = None
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:  # bounded: a command that ignores its cancel does not hold the stop
-            _, pending = await asyncio.wait(set(self._tasks), timeout=STOP_WAIT_S)
-            if pending:
-                log.warning("job manager stop: %d command tasks still running", len(pending))
+        # bounded: a command that ignores its cancel does not hold the stop
+        await cancel_within(list(self._tasks), STOP_WAIT_S, "job manager stop")
 
     def wake(self) -> None:
         """Run a pass now (something changed)."""
