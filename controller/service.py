@@ -49,6 +49,7 @@ from metalguard.controller.region import RegionController
 from metalguard.controller.shards.service import serve_shards
 from metalguard.controller.state.store import NodeStore
 from metalguard.controller.state.streams import ensure_streams
+from metalguard.controller.task_dump import log_task_stacks
 from metalguard.proto.access import connect_options as access_options
 from metalguard.proto.access import tls_context
 from metalguard.proto.subjects import Subjects
@@ -155,6 +156,7 @@ async def run_controller(config_path: Path) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, log_task_stacks)  # where is it stuck?
     try:
         nc = await _connect(options, cfg.nats.connect_deadline_s, stop)
         if nc is None:
@@ -166,7 +168,7 @@ async def run_controller(config_path: Path) -> int:
         finally:
             await nc.close()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
 
 

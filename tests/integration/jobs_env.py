@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.region import RegionController
 from metalguard.controller.state.store import NodeStore
+from metalguard.controller.task_dump import task_stacks
 from metalguard.demo.run import WorkloadFleet
 from metalguard.proto.codec import decode
 from metalguard.proto.events import ControllerEvent
@@ -204,6 +204,5 @@ async def _stopped(what: str, stopping: Awaitable[object]) -> None:
     try:
         await asyncio.wait_for(stopping, STOP_DEADLINE_S)
     except TimeoutError:
-        for task in asyncio.all_tasks():
-            task.print_stack(file=sys.stdout)
+        print(task_stacks())
         raise AssertionError(f"stopping {what} took over {STOP_DEADLINE_S:.0f} s") from None
