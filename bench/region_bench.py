@@ -272,6 +272,7 @@ async def drain_rate(region: Region, total: int, servers: list[int]) -> Drain:
     """Batches/s from the shards' first acknowledgement until the backlog is empty (their
     start-up, the state's load from KV, excluded), with the CPU it took."""
     shards = [p.pid for p in region.procs.values()]
+    start = (time.monotonic(), total, cpu_s(shards), cpu_s(servers))
     first: tuple[float, int, float, float] | None = None
     while True:
         try:
@@ -285,6 +286,8 @@ async def drain_rate(region: Region, total: int, servers: list[int]) -> Drain:
             break
         await asyncio.sleep(0.05)
     if first is None or now <= first[0] or first[1] == 0:
+        first = start  # drained between two looks (a small run): time it from the start
+    if now <= first[0]:
         return Drain(float("nan"), float("nan"), float("nan"))
     done = first[1]
     return Drain(
@@ -394,26 +397,26 @@ class Pacer:
         js, nodes = self.region.js, self.region.nodes
         while not self.stop:
             self.seq += 1
-            started = time.monotonic()
+            seq, started = self.seq, time.monotonic()  # one seq per cycle
             for i in range(0, len(nodes), PUBLISH_CHUNK):
                 if self.stop:
                     break
                 chunk = nodes[i : i + PUBLISH_CHUNK]
-                await asyncio.gather(*(self._one(js, c, n) for c, n in chunk))
+                await asyncio.gather(*(self._one(js, c, n, seq) for c, n in chunk))
                 share = (i + len(chunk)) / len(nodes) * self.interval_s
                 await asyncio.sleep(max(0.0, started + share - time.monotonic()))
 
-    async def _one(self, js: JetStreamContext, cluster: str, node: str) -> None:
+    async def _one(self, js: JetStreamContext, cluster: str, node: str, seq: int) -> None:
         handle = f"{REGION}.{cluster}.{node}"
         failing = handle in self.failing
-        batch = make_batch(cluster, node, self.seq, ue_dimm=3 if failing else None,
+        batch = make_batch(cluster, node, seq, ue_dimm=3 if failing else None,
                            interval_s=self.interval_s)  # fmt: skip
         data, began = encode(batch), time.monotonic()
         subject = self.region.subjects.telemetry(REGION, cluster, node)
         while True:
             try:
                 await js.publish(subject, data, timeout=5,
-                                 headers={"Nats-Msg-Id": f"{handle}-{self.seq}"})  # fmt: skip
+                                 headers={"Nats-Msg-Id": f"{handle}-{seq}"})  # fmt: skip
                 break
             except (NatsError, TimeoutError):
                 await asyncio.sleep(0.1)
@@ -458,7 +461,8 @@ async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
     pacer = Pacer(region, interval_s)
     task = asyncio.create_task(pacer.run())
     await asyncio.sleep(min(interval_s, 5.0))  # the fleet at its pace
-    sent = await region.publish_faults(failing, pacer.seq + 1)
+    pacer.seq += 1  # the faults' seq: the pacer's next cycle is newer, its current older
+    sent = await region.publish_faults(failing, pacer.seq)
     pacer.failing |= failing
 
     async def isolated() -> int:
