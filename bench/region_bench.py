@@ -59,9 +59,10 @@ from nats.js.errors import KeyNotFoundError
 from metalguard.controller.broker.cluster import NatsCluster
 from metalguard.controller.config import IngestSection
 from metalguard.controller.ingest.settings import StreamKind, durable_name
+from metalguard.controller.setup import ensure_streams_electing
 from metalguard.controller.shards.plan import shard_key
 from metalguard.controller.shards.service import shard_settings
-from metalguard.controller.state.streams import StreamSettings, ensure_streams
+from metalguard.controller.state.streams import StreamSettings
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.subjects import Subjects
@@ -122,7 +123,7 @@ class Region:
     procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
 
     async def create(self) -> None:
-        await ensure_streams(
+        await ensure_streams_electing(  # a fresh cluster may not place R3 at once
             self.js, self.subjects, StreamSettings(replicas=3, lease_ttl_s=self.ttl_s)
         )
 

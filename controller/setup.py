@@ -9,7 +9,7 @@ from typing import Any
 import nats
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.errors import ServiceUnavailableError
+from nats.js.errors import BadRequestError, ServiceUnavailableError
 
 from metalguard.controller.state.streams import StreamSettings, ensure_streams
 from metalguard.proto.subjects import SubjectError, Subjects
@@ -19,9 +19,16 @@ ELECTION_DEADLINE_S = 15.0
 """How long setup retries while a fresh cluster elects its JetStream leaders."""
 
 
-async def _ensure(js: JetStreamContext, subjects: Subjects, settings: StreamSettings) -> None:
-    """ensure_streams, retried while JetStream answers 503 (a cluster still electing its
-    meta leader, docs/scaling.md); any other error at once."""
+NO_SUITABLE_PEERS = 10005
+"""JetStream's error code for a stream whose replicas cannot be placed yet."""
+
+
+async def ensure_streams_electing(
+    js: JetStreamContext, subjects: Subjects, settings: StreamSettings
+) -> None:
+    """ensure_streams, retried for ELECTION_DEADLINE_S while a fresh cluster still elects
+    its meta leader (503) or has not heard from enough peers to place the replicas ("no
+    suitable peers", docs/scaling.md); any other error at once."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ELECTION_DEADLINE_S
     while True:
@@ -30,6 +37,9 @@ async def _ensure(js: JetStreamContext, subjects: Subjects, settings: StreamSett
             return
         except ServiceUnavailableError:
             if loop.time() >= deadline:
+                raise
+        except BadRequestError as exc:
+            if exc.err_code != NO_SUITABLE_PEERS or loop.time() >= deadline:
                 raise
         await asyncio.sleep(0.5)
 
@@ -55,7 +65,7 @@ async def setup_streams(
         print(f"metalguard: cannot connect to {url}: {exc or type(exc).__name__}", file=sys.stderr)
         return 1
     try:
-        await _ensure(nc.jetstream(), subjects, StreamSettings(replicas=replicas))
+        await ensure_streams_electing(nc.jetstream(), subjects, StreamSettings(replicas=replicas))
     except NatsError as exc:
         print(f"metalguard: JetStream setup failed: {exc}", file=sys.stderr)
         return 1
