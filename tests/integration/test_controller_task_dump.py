@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 from metalguard.proto.subjects import Subjects
-from tests.integration.agent_proc import METALGUARD
+from tests.integration.controller_proc import controller_toml, start_controller
 from tests.waiting import wait_for_line
 
 DEADLINE_S = 30.0
@@ -19,13 +19,8 @@ async def test_sigusr1_logs_every_task_and_the_controller_carries_on(
     nats_url: str, subjects: Subjects, tmp_path: Path
 ) -> None:
     config = tmp_path / "controller.toml"
-    config.write_text(
-        f'region = "r1"\n[nats]\nservers = ["{nats_url}"]\nprefix = "{subjects.prefix}"\n'
-    )
-    proc = await asyncio.create_subprocess_exec(
-        str(METALGUARD), "controller", "run", "--config", str(config),
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    config.write_text(controller_toml(nats_url, subjects.prefix))
+    proc = await start_controller(config)
     assert proc.stderr is not None
     seen: list[str] = []
     try:

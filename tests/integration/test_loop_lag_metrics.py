@@ -13,7 +13,8 @@ import pytest
 
 from metalguard.agent.config import ConfigError, parse_config
 from metalguard.proto.subjects import Subjects
-from tests.integration.agent_proc import METALGUARD, AgentProcess, write_agent_config
+from tests.integration.agent_proc import AgentProcess, write_agent_config
+from tests.integration.controller_proc import controller_toml, start_controller
 from tests.waiting import wait_for_line, wait_for_value
 
 DEADLINE_S = 30.0
@@ -46,13 +47,9 @@ async def test_the_controller_serves_its_loop_lag(
     port = free_port()
     config = tmp_path / "controller.toml"
     config.write_text(
-        f'region = "r1"\n[nats]\nservers = ["{nats_url}"]\nprefix = "{subjects.prefix}"\n'
-        f'[http]\nlisten = "127.0.0.1:{port}"\n'
+        controller_toml(nats_url, subjects.prefix, f'[http]\nlisten = "127.0.0.1:{port}"\n')
     )
-    proc = await asyncio.create_subprocess_exec(
-        str(METALGUARD), "controller", "run", "--config", str(config),
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    proc = await start_controller(config)
     assert proc.stderr is not None
     seen: list[str] = []
     try:
