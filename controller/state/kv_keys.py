@@ -94,7 +94,7 @@ async def latest_values(
         return {}
     pre = f"{KV_PREFIX}{status.bucket}."
     latest: dict[str, LatestValue] = {}
-    for part in await asyncio.gather(*(_read(js, stream, pre, k, quiet_s) for k in keys)):
+    for part in await asyncio.gather(*(_read(js, kv, stream, pre, k, quiet_s) for k in keys)):
         for value in part.values():
             seen = latest.get(value.key)
             if seen is None or seen.revision < value.revision:
@@ -103,7 +103,7 @@ async def latest_values(
 
 
 async def _read(
-    js: JetStreamContext, stream: str, pre: str, pattern: str, quiet_s: float
+    js: JetStreamContext, kv: KeyValue, stream: str, pre: str, pattern: str, quiet_s: float
 ) -> dict[str, LatestValue]:
     """One pattern's latest values (see :func:`latest_values`)."""
     latest: dict[str, LatestValue] = {}
@@ -147,14 +147,12 @@ async def _read(
     finally:
         await sub.unsubscribe()
     if not done.is_set():
-        kv_name = pre[len(KV_PREFIX) : -1]
-        kv = await js.key_value(kv_name)
         found = await js.stream_info(stream, subjects_filter=pre + pattern)
         missing = [s[len(pre) :] for s in found.state.subjects or {}]
         missing = [k for k in missing if k not in latest]
         log.warning(
             "bucket %s, keys %s: the ordered consumer stalled after %d keys; reading %d by key",
-            kv_name,
+            pre[len(KV_PREFIX) : -1],
             pattern,
             len(latest),
             len(missing),

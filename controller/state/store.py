@@ -96,7 +96,8 @@ class NodeStore:
     ) -> None:
         self._kv = kv
         self._js = js
-        self._scope = load_patterns(clusters)
+        self._clusters = None if clusters is None else tuple(clusters)
+        self._scope = load_patterns(self._clusters)
         """The key patterns :meth:`load` reads: the whole bucket, or a shard's clusters."""
         self._revisions: dict[str, int] = {}
         self.records: dict[str, NodeRecord] = {}
@@ -130,8 +131,7 @@ class NodeStore:
         """Replace the whole cache with what KV holds now (a controller taking the lease),
         in place: whoever holds this store sees the new state, and readers never see a
         half-loaded one (the fresh state is read aside, then taken over at once)."""
-        fresh = NodeStore(self._kv, self._js)
-        fresh._scope = self._scope
+        fresh = NodeStore(self._kv, self._js, self._clusters)
         await fresh.load()
         self._revisions, self.records, self.rails = fresh._revisions, fresh.records, fresh.rails
         self.outbox, self._sizes, self.signals = fresh.outbox, fresh._sizes, fresh.signals
