@@ -48,6 +48,7 @@ from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, S
 from metalguard.controller.core.topology import TopologyView, with_topology
 from metalguard.controller.decision_metrics import DecisionMetrics
 from metalguard.controller.ingest.consumer import REUSED_SECTIONS
+from metalguard.controller.round_queue import QueuedInput, RoundFailedError, take_group
 from metalguard.controller.state.store import NodeStore, StoreConflictError
 from metalguard.controller.stopping import cancel_within
 from metalguard.proto.base import NodeIdentity
@@ -135,6 +136,8 @@ class RegionController:
         self._memos: dict[str, ScoringMemo] = {}
         """Each node's scoring memo (reuse of unchanged sections' rule outputs)."""
         self._locks: dict[ClusterKey, asyncio.Lock] = {}
+        self._queued: dict[ClusterKey, list[QueuedInput]] = {}
+        """Inputs waiting for their cluster's next round (controller/round_queue.py)."""
         self._flush_lock = asyncio.Lock()
         self._in_flight: set[str] = set()
         """Event ids a round is publishing itself: the outbox flush leaves them to it (else a
@@ -199,11 +202,7 @@ class RegionController:
             if await self._steady(handle, batch, assessment, received_ts, rack):
                 return
             item = batch_input(batch, assessment, received_ts, rack)
-
-            def round_() -> Outcome:
-                return self._decide(item, received_ts)
-
-            await self._round(batch.node, round_, received_ts)
+            await self._round_input(batch.node, lambda: item, received_ts)
 
         return rest
 
@@ -252,11 +251,10 @@ class RegionController:
         if not self._ours(event.node):
             return
 
-        def round_() -> Outcome:
-            item = event_input(event, self.store.records.get(event.node.handle), received_ts)
-            return Outcome() if item is None else self._decide(item, received_ts)
+        def make() -> NodeInput | None:
+            return event_input(event, self.store.records.get(event.node.handle), received_ts)
 
-        await self._round(event.node, round_, received_ts)
+        await self._round_input(event.node, make, received_ts)
 
     def on_intake(self, pending: int | None) -> None:
         """Ingest's word that its intake is live now (a fetch brought messages, or the
@@ -419,11 +417,53 @@ class RegionController:
         log.warning("ignoring %s: not in region %s", node.handle, self.region)
         return False
 
-    def _decide(self, item: NodeInput, now: float) -> Outcome:
-        node = item.node
+    async def _round_input(
+        self, node: NodeIdentity, make: Callable[[], NodeInput | None], received_ts: float
+    ) -> None:
+        """Decide one node's input in its cluster's next round (controller/round_queue.py:
+        the inputs queued for a cluster are decided, persisted and published together by
+        whichever of their callers gets the cluster's lock first)."""
+        if not self._leading():
+            return
         key = (node.region, node.cluster)
+        queue = self._queued.setdefault(key, [])
+        mine = QueuedInput(node.handle, make, received_ts)
+        queue.append(mine)
+        owned: set[str] = set()
+        published: list[str] = []
+        try:
+            async with self._lock(key):
+                if not mine.settled:
+                    group = take_group(queue)
+                    self.metrics.observe_round(len(group))
+                    try:
+                        _, published = await self._commit(
+                            lambda: self._decide_group(key, group), _received(group), owned
+                        )
+                    except BaseException as exc:
+                        for entry in group:
+                            entry.error = RoundFailedError(f"the round of {len(group)} failed")
+                            entry.error.__cause__ = exc
+                        mine.error = None  # this caller raises the round's own error
+                        raise
+                    finally:
+                        for entry in group:
+                            entry.settled = True
+            await self.store.remove_all_pending(published)  # out of the lock (see _round)
+        finally:
+            self._in_flight -= owned
+            if not mine.settled and mine in queue:
+                queue.remove(mine)  # cancelled while waiting
+        if mine.error is not None:
+            raise mine.error
+
+    def _decide_group(self, key: ClusterKey, group: list[QueuedInput]) -> Outcome:
+        inputs = [item for entry in group if (item := entry.make()) is not None]
+        if not inputs:
+            return Outcome()
         sizes = {key: self.store.cluster_size(*key)}
-        return decide(self.store.records, self.store.rails, [item], now, self._cfg, sizes)
+        now = max(entry.received_ts for entry in group)
+        return decide(self.store.records, self.store.rails, inputs, now, self._cfg, sizes)
 
     async def _round(
         self, node: NodeIdentity, round_: Callable[[], Outcome], received_ts: float
@@ -432,37 +472,44 @@ class RegionController:
         (each one's latency from ``received_ts`` observed once the stream has it)."""
         if not self._leading():
             return ()
-        published: list[str] = []
         owned: set[str] = set()
         try:
             async with self._lock((node.region, node.cluster)):
-                for attempt in range(CONFLICT_RETRIES + 1):
-                    outcome = round_()
-                    owned = {event.event_id for event in outcome.events}
-                    self._in_flight |= owned
-                    try:
-                        await self._persist(outcome)
-                    except StoreConflictError as exc:
-                        for event in outcome.events:
-                            await self.store.remove_pending(event.event_id)
-                        self._in_flight -= owned
-                        if attempt == CONFLICT_RETRIES:
-                            raise
-                        log.warning("%s; deciding again", exc)
-                        continue
-                    for event in outcome.events:
-                        if await self._publish(event, drop=False):
-                            self.metrics.observe(event.kind, self._clock() - received_ts)
-                            published.append(event.event_id)
-                    break
+                outcome, published = await self._commit(round_, lambda _: received_ts, owned)
             # Out of the lock: the cluster's next round need not wait for these deletes
             # (an entry left by a crash here is published again at start, a duplicate
             # the control stream drops).
-            for event_id in published:
-                await self.store.remove_pending(event_id)
+            await self.store.remove_all_pending(published)
         finally:
             self._in_flight -= owned
         return outcome.events
+
+    async def _commit(
+        self,
+        round_: Callable[[], Outcome],
+        received_of: Callable[[ControllerEvent], float],
+        owned: set[str],
+    ) -> tuple[Outcome, list[str]]:
+        """Decide, persist, publish (the caller holds the cluster's lock); the outcome and
+        the ids of the events published. ``owned`` collects the ids this round publishes
+        itself (:attr:`_in_flight`, which the caller clears once they are deleted)."""
+        for attempt in range(CONFLICT_RETRIES + 1):
+            outcome = round_()
+            ids = {event.event_id for event in outcome.events}
+            owned |= ids
+            self._in_flight |= ids
+            try:
+                await self._persist(outcome)
+            except StoreConflictError as exc:
+                await self.store.remove_all_pending(ids)
+                self._in_flight -= ids
+                owned -= ids
+                if attempt == CONFLICT_RETRIES:
+                    raise
+                log.warning("%s; deciding again", exc)
+                continue
+            return outcome, await self._publish_all(outcome.events, received_of)
+        raise AssertionError("unreachable")
 
     def _decide_silence(self, records: Mapping[str, NodeRecord], now: float) -> Outcome:
         if self._owns is not None:
@@ -501,11 +548,29 @@ class RegionController:
         return self._locks.setdefault(key, asyncio.Lock())
 
     async def _persist(self, outcome: Outcome) -> None:
+        """The outbox first (every event promised before the state that implies it), then
+        the records, in flight together, then the rails: a rail counts isolations only
+        once every record that makes them is written (docs/controller.md)."""
         await self.store.add_pending(outcome.events)
-        for record in outcome.records.values():
-            await self.store.put_record(record)
+        await self.store.put_records(outcome.records.values())
         for state in outcome.rails.values():
             await self.store.put_rail(state)
+
+    async def _publish_all(
+        self, events: tuple[ControllerEvent, ...], received_of: Callable[[ControllerEvent], float]
+    ) -> list[str]:
+        """Publish a round's events together (in order on the one connection), each
+        one's latency observed; the ids the stream acknowledged."""
+        if not events:
+            return []
+        sent = await asyncio.gather(*(self._publish(event, drop=False) for event in events))
+        now = self._clock()
+        published: list[str] = []
+        for event, ok in zip(events, sent, strict=True):
+            if ok:
+                self.metrics.observe(event.kind, now - received_of(event))
+                published.append(event.event_id)
+        return published
 
     async def _publish(self, event: ControllerEvent, *, drop: bool = True) -> bool:
         """Publish one event with its id as message id; once acked, drop it from the
@@ -549,3 +614,16 @@ class RegionController:
                 log.error("silence check failed, retried next tick: %s", exc)
             except Exception:  # a bug must not end the checks silently
                 log.exception("silence check failed, retried next tick")
+
+
+def _received(group: list[QueuedInput]) -> Callable[[ControllerEvent], float]:
+    """An event's receiving time: its node's input's, else (a cluster's alert) the
+    round's earliest."""
+    by_handle = {entry.handle: entry.received_ts for entry in group}
+    first = min(by_handle.values())
+
+    def received(event: ControllerEvent) -> float:
+        node = event.node
+        return by_handle.get(node.handle, first) if node is not None else first
+
+    return received

@@ -17,10 +17,12 @@ a conflict with our own earlier write (its reply lost in a timeout) is a success
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
+from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
@@ -225,12 +227,22 @@ class NodeStore:
         and keeps it: it is not cached here)."""
         await self._kv.put(SIGNALS_PREFIX + handle, _signals_encoder.encode(signals))
 
+    async def put_records(self, records: Iterable[NodeRecord]) -> None:
+        """:meth:`put_record` for several nodes at once (the writes in flight together);
+        every write is awaited, then the first failure, if any, is raised (a
+        :class:`StoreConflictError` before any other)."""
+        await _all(self.put_record(record) for record in records)
+
     async def add_pending(self, events: Iterable[ControllerEvent]) -> None:
-        """Keep ``events`` in the outbox until :meth:`remove_pending` (plain puts)."""
-        for event in events:
+        """Keep ``events`` in the outbox until :meth:`remove_pending` (plain puts, in
+        flight together)."""
+
+        async def put(event: ControllerEvent) -> None:
             key = outbox_key(event.event_id)
             self._revisions[key] = await self._kv.put(key, encode(event))
             self.outbox[event.event_id] = event
+
+        await _all(put(event) for event in events)
 
     async def remove_pending(self, event_id: str) -> None:
         """Drop a published event from the outbox."""
@@ -238,6 +250,11 @@ class NodeStore:
         await self._kv.delete(key)
         self._revisions.pop(key, None)
         self.outbox.pop(event_id, None)
+
+    async def remove_all_pending(self, event_ids: Iterable[str]) -> None:
+        """:meth:`remove_pending` for several events at once (the deletes in flight
+        together; the first failure raised once all are done)."""
+        await _all(self.remove_pending(event_id) for event_id in event_ids)
 
     async def _write(self, key: str, value: bytes) -> None:
         """Create the key, or update it from the last revision seen."""
@@ -313,3 +330,19 @@ class NodeStore:
             self.rails = {k: v for k, v in self.rails.items() if rail_key(*k) != key}
         if key.startswith(OUTBOX_PREFIX):
             self.outbox = {k: v for k, v in self.outbox.items() if outbox_key(k) != key}
+
+
+async def _all(writes: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Await ``writes`` together; once every one is done, raise the first failure (a
+    :class:`StoreConflictError` first: the caller decides again), if any."""
+    pending = list(writes)
+    if len(pending) == 1:
+        await pending[0]
+        return
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    for failure in failures:
+        if isinstance(failure, StoreConflictError):
+            raise failure
+    if failures:
+        raise failures[0]
