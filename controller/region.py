@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from array import array
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -40,11 +40,12 @@ from metalguard.controller.core.decide import (
     steady_batch,
 )
 from metalguard.controller.core.handles import ClusterKey
-from metalguard.controller.core.lifecycle import LifecycleConfig, OperatorAction
+from metalguard.controller.core.lifecycle import LifecycleConfig, OperatorAction, silence_due_ts
 from metalguard.controller.core.out_of_band import BmcWord, with_bmc
 from metalguard.controller.core.receiving import STALL_GAP_S, Intake, heard, stalled
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringConfig
 from metalguard.controller.core.scoring.engine import Assessment, NodeSignals, ScoringMemo, assess
+from metalguard.controller.core.silence_watch import SilenceWatch
 from metalguard.controller.core.topology import TopologyView, with_topology
 from metalguard.controller.decision_metrics import DecisionMetrics
 from metalguard.controller.ingest.consumer import REUSED_SECTIONS
@@ -142,6 +143,10 @@ class RegionController:
         self._in_flight: set[str] = set()
         """Event ids a round is publishing itself: the outbox flush leaves them to it (else a
         core subscriber could see one event twice; the control stream drops the copy anyway)."""
+        self._watch = SilenceWatch()
+        """The nodes by the time their silence may be due (check_silence looks at those)."""
+        self._watched_records: object = None
+        """The records mapping the watch was built from (a new one: rebuilt)."""
         self._intake = Intake()
         """Evidence of this process's own intake (docs/lifecycle.md, "Receiving time"):
         silence is judged over receiving time only."""
@@ -344,19 +349,49 @@ class RegionController:
         return await self._round(record.node, round_, received)
 
     async def check_silence(self) -> tuple[ControllerEvent, ...]:
-        """One pass: every silent in-service node becomes UNREACHABLE."""
+        """One pass: every silent in-service node becomes UNREACHABLE. Only the nodes
+        whose silence may be due are looked at (controller/core/silence_watch.py)."""
         announced: list[ControllerEvent] = []
         received = self._clock()
-        silent = self._decide_silence(self.store.records, received)
-        for handle in silent.records:
-            node = self.store.records[handle].node
+        self._watch_changes()
+        due = self._watch.pop_due(received)
+        try:
+            candidates = {h: r for h in due if (r := self.store.records.get(h)) is not None}
+            silent = self._decide_silence(candidates, received)
+            for handle in silent.records:
+                node = self.store.records[handle].node
 
-            def round_(h: str = handle) -> Outcome:
-                record = self.store.records.get(h)
-                return self._decide_silence({h: record} if record else {}, self._clock())
+                def round_(h: str = handle) -> Outcome:
+                    record = self.store.records.get(h)
+                    return self._decide_silence({h: record} if record else {}, self._clock())
 
-            announced += await self._round(node, round_, received)
+                announced += await self._round(node, round_, received)
+        finally:
+            self._rewatch(due, received)
         return tuple(announced)
+
+    def _watch_changes(self) -> None:
+        """Take the store's changed records into the silence watch (all of them when the
+        store's records were replaced: a reload, or the API's index installed)."""
+        store = self.store
+        if store.records is not self._watched_records:
+            self._watched_records = store.records
+            self._watch = SilenceWatch()
+            store.changed = set()
+            self._rewatch(store.records, None)
+            return
+        changed, store.changed = store.changed, set()
+        self._rewatch(changed, None)
+
+    def _rewatch(self, handles: Iterable[str], now: float | None) -> None:
+        self._watch.rewatch(handles, self.store.records, self._silence_due, now)
+
+    def _silence_due(self, record: NodeRecord) -> float | None:
+        """When this node's silence may be due (None: never, or not this process's)."""
+        node = record.node
+        if self._owns is not None and not self._owns(node.region, node.cluster, node.node):
+            return None
+        return silence_due_ts(record, self._cfg, self._started_ts)
 
     # --- lifetime -------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ __all__ = [
     "observe",
     "operator",
     "recent_isolations",
+    "silence_due_ts",
     "silence_limit_s",
     "to_event",
     "update_jobs",
@@ -221,6 +222,20 @@ def silence_limit_s(interval_s: float, cfg: LifecycleConfig) -> float:
     """The silence that makes a node of batch interval ``interval_s`` UNREACHABLE:
     ``unreachable_after_intervals`` of its intervals, at least ``unreachable_after_s``."""
     return max(cfg.unreachable_after_intervals * interval_s, cfg.unreachable_after_s)
+
+
+def silence_due_ts(
+    record: NodeRecord, cfg: LifecycleConfig, watching_since: float | None = None
+) -> float | None:
+    """The earliest time :func:`check_silence` can find the node silent (its stalls
+    only delay that), or None when it never will as the record stands (not in service,
+    never heard, no interval)."""
+    if record.grade not in ("HEALTHY", "SUB_HEALTHY") or record.last_seen_ts is None:
+        return None
+    if record.interval_s <= 0:
+        return None
+    since = max(record.last_seen_ts, watching_since or record.last_seen_ts)
+    return since + silence_limit_s(record.interval_s, cfg)
 
 
 def check_silence(

@@ -114,6 +114,9 @@ class NodeStore:
         node's history is held once."""
         self._unwritten: set[str] = set()
         """Handles whose cached record is newer than KV in liveness fields only."""
+        self.changed: set[str] = set()
+        """Handles whose record was added, removed or changed in more than its liveness
+        since the holder last took this set (the controller's silence watch does)."""
 
     @classmethod
     async def open(
@@ -137,7 +140,7 @@ class NodeStore:
         await fresh.load()
         self._revisions, self.records, self.rails = fresh._revisions, fresh.records, fresh.rails
         self.outbox, self._sizes, self.signals = fresh.outbox, fresh._sizes, fresh.signals
-        self._unwritten = fresh._unwritten
+        self._unwritten, self.changed = fresh._unwritten, fresh.changed
 
     async def load(self) -> None:
         """Read every key of the bucket into the cache (at start, at a takeover): one
@@ -216,6 +219,7 @@ class NodeStore:
         if key not in self.records:
             self._sizes[(record.node.region, record.node.cluster)] += 1
         self.records[key] = record
+        self.changed.add(key)
 
     async def put_rail(self, state: RailState) -> None:
         """Write a cluster's rail state (compare-and-set); StoreConflictError on a lost race."""
@@ -326,6 +330,7 @@ class NodeStore:
         gone = self.records.pop(key, None)
         if gone is not None:
             self._sizes[(gone.node.region, gone.node.cluster)] -= 1
+            self.changed.add(key)
         if key.startswith(RAIL_PREFIX):
             self.rails = {k: v for k, v in self.rails.items() if rail_key(*k) != key}
         if key.startswith(OUTBOX_PREFIX):

@@ -202,3 +202,25 @@ def test_store_load_bench_quick_prints_its_ratios() -> None:
     assert re.search(
         r"^a shard's share \(10 of 40 clusters\): [\d.]+ s; per key/shard [\d.]+x$", out, re.M
     ), out
+
+
+SILENCE_BENCH = BENCH.parent / "silence_bench.py"
+SILENCE_ROW = re.compile(r"^\s*([\d,]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)x\s+(\d+)$")
+
+
+def test_silence_bench_quick_prints_both_ways_and_their_ratio() -> None:
+    result = subprocess.run(
+        [sys.executable, str(SILENCE_BENCH), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr  # it exits non-zero if the ways disagree
+    rows = [m for line in result.stdout.splitlines() if (m := SILENCE_ROW.match(line))]
+    assert len(rows) == 1, result.stdout
+    nodes, walk, watch, _ratio, silent = rows[0].groups()
+    assert nodes == "2,000"
+    assert float(walk) > 0
+    assert float(watch) > 0
+    assert int(silent) > 0, "no node fell silent: the check was not exercised"
