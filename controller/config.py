@@ -94,7 +94,7 @@ class IngestSection(_Section, frozen=True):
     fetch_batch: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 256
     max_ack_pending: Annotated[int, msgspec.Meta(ge=1)] = 4096
     node_queue_size: Annotated[int, msgspec.Meta(ge=1)] = 64
-    max_concurrent_nodes: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 64
+    max_concurrent_nodes: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 256
 
     def __post_init__(self) -> None:
         if (self.shard_index is None) != (self.shard_count is None):

@@ -201,13 +201,24 @@ class RegionController:
         if not persist and self._steady_now(handle, batch, assessment, received_ts, rack):
             return None
 
-        async def rest() -> None:
-            if persist:
-                await self.store.put_signals(handle, signals)
+        async def decided() -> None:
             if await self._steady(handle, batch, assessment, received_ts, rack):
                 return
             item = batch_input(batch, assessment, received_ts, rack)
             await self._round_input(batch.node, lambda: item, received_ts)
+
+        async def rest() -> None:
+            if not persist:
+                await decided()
+                return
+            # The history's write in flight with the decision's round (a round trip fewer
+            # for a fault); the batch is acknowledged once both are written.
+            results = await asyncio.gather(
+                self.store.put_signals(handle, signals), decided(), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
 
         return rest
 

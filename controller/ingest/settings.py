@@ -34,7 +34,7 @@ class IngestSettings:
     """Redelivery delay after a handler error or a failed dead-letter publish."""
     node_queue_size: int = 64
     """Messages queued per node; a full queue makes the fetch loop wait."""
-    max_concurrent_nodes: int = 64
+    max_concurrent_nodes: int = 256
     """Nodes whose handler calls may run at the same moment."""
     stop_timeout_s: float = 10.0
     """How long stop() lets queued work finish before cancelling it."""
