@@ -463,6 +463,7 @@ async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
     task = asyncio.create_task(pacer.run())
     await asyncio.sleep(min(interval_s, 5.0))  # the fleet at its pace
     pacer.seq += 1  # the faults' seq: the pacer's next cycle is newer, its current older
+    host0 = host_cpu()
     sent = await region.publish_faults(failing, pacer.seq)
     pacer.failing |= failing
 
@@ -470,12 +471,14 @@ async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
         return len(arrivals)
 
     await until(isolated, lambda n: n >= len(failing), "every failing node isolated")
+    busy = host_busy(host0, host_cpu())
     lat = [arrivals[h] - sent[h] for h in failing]  # each from its own batch's publish
     print(f"fault-to-isolation, {len(failing)} of {len(nodes)} nodes failing at once "
           f"(the others at {len(nodes) / interval_s:,.0f} batches/s offered, "
           f"{pacer.rate():,.0f}/s acknowledged), {shards} shards: "
           f"p50 {percentile(lat, 50):.2f} s, p99 {percentile(lat, 99):.2f} s, "
-          f"max {max(lat):.2f} s (goal p99 <= 1 s at 100,000 nodes)")  # fmt: skip
+          f"max {max(lat):.2f} s (goal p99 <= 1 s at 100,000 nodes); the host's CPUs "
+          f"{busy:.0%} busy meanwhile (servers, shards and this generator together)")  # fmt: skip
 
     # (c) a shard SIGKILLed mid-run, its nodes failing right after
     victim = "s0"
@@ -525,6 +528,22 @@ async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
     await sub.unsubscribe()
     await region.stop_shards()
     await asyncio.to_thread(cluster.restart, index)
+
+
+def host_cpu() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the host since boot (/proc/stat; (0, 0) elsewhere)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def host_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the host's CPU time that was busy between two :func:`host_cpu`."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else float("nan")
 
 
 async def stream_count(js: JetStreamContext, subjects: Subjects) -> int:

@@ -8,20 +8,28 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "proto_bench.py"
+
+
+def run_quick(script: Path | str, *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run a bench script to its end (its output captured); it must exit 0."""
+    result = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 ROW = re.compile(
     r"^(msgpack|json|stdlib json)\s+(encode|decode)\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)x$"
 )
 
 
 def test_proto_bench_quick_prints_the_table() -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_quick(str(BENCH), "--quick", timeout_s=60)
     out = result.stdout
     assert "8 GPUs, 16 DIMMs, 12 PCIe (full AER), 10 disks, 12 fans" in out
 
@@ -44,14 +52,7 @@ AGENT_BENCH = BENCH.parent / "agent_bench.py"
 
 
 def test_agent_bench_quick_prints_figures() -> None:
-    result = subprocess.run(
-        [sys.executable, str(AGENT_BENCH), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_quick(str(AGENT_BENCH), "--quick", timeout_s=120)
     rows = {
         m.group(1): (float(m.group(2)), float(m.group(4)), int(m.group(5)))
         for line in result.stdout.splitlines()
@@ -72,14 +73,7 @@ def test_agent_bench_quick_prints_figures() -> None:
 
 
 def test_fleet_bench_quick_prints_figures() -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCH.parent / "fleet_bench.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_quick(str(BENCH.parent / "fleet_bench.py"), "--quick", timeout_s=120)
     assert re.search(r"^10 agents @ 1 s", result.stdout, re.M), result.stdout
     assert re.search(r"CPU of this process: \d+% of one core", result.stdout)
     match = re.search(r"batches stored/s:\s+([\d.]+) \(ideal 10\.0", result.stdout)
@@ -88,14 +82,7 @@ def test_fleet_bench_quick_prints_figures() -> None:
 
 
 def test_ingest_bench_quick_prints_figures() -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCH.parent / "ingest_bench.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_quick(str(BENCH.parent / "ingest_bench.py"), "--quick", timeout_s=120)
     out = result.stdout
     assert re.search(r"^machine: \d+ vCPU", out, re.M), out
     rates = {
@@ -139,14 +126,7 @@ def test_ingest_bench_quick_prints_figures() -> None:
 
 
 def test_bmc_proxy_bench_quick_prints_figures() -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCH.parent / "bmc_proxy_bench.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_quick(str(BENCH.parent / "bmc_proxy_bench.py"), "--quick", timeout_s=120)
     out = result.stdout
     assert re.search(r"^20 simulated SNMP v2c BMCs", out, re.M), out
     rate = re.search(r"^targets/s:\s+([\d.]+) \((\d+) unreachable readings\)", out, re.M)
@@ -161,14 +141,7 @@ SCHEDULER_BENCH = BENCH.parent / "scheduler_bench.py"
 
 
 def test_scheduler_bench_quick_places_the_gang() -> None:
-    result = subprocess.run(
-        [sys.executable, str(SCHEDULER_BENCH), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_quick(str(SCHEDULER_BENCH), "--quick", timeout_s=60)
     steps = {
         m.group(1): float(m.group(3))
         for line in result.stdout.splitlines()
@@ -187,14 +160,7 @@ STORE_LOAD_BENCH = BENCH.parent / "store_load_bench.py"
 def test_store_load_bench_quick_prints_its_ratios() -> None:
     """The bench checks what it loaded (every value; a shard's records only) and exits
     non-zero otherwise; here its lines and ratios are read back."""
-    result = subprocess.run(
-        [sys.executable, str(STORE_LOAD_BENCH), "--quick", "--single"],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_quick(str(STORE_LOAD_BENCH), "--quick", "--single", timeout_s=110)
     out = result.stdout
     assert "bucket: 1,000 records + 1,000 scoring histories written" in out
     assert re.search(r"^per key \(baseline\): [\d.]+ s for 2,000 keys", out, re.M), out
@@ -209,14 +175,8 @@ SILENCE_ROW = re.compile(r"^\s*([\d,]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)x\s+(\d+)$"
 
 
 def test_silence_bench_quick_prints_both_ways_and_their_ratio() -> None:
-    result = subprocess.run(
-        [sys.executable, str(SILENCE_BENCH), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr  # it exits non-zero if the ways disagree
+    # it exits non-zero if the two ways disagree
+    result = run_quick(SILENCE_BENCH, "--quick", timeout_s=120)
     rows = [m for line in result.stdout.splitlines() if (m := SILENCE_ROW.match(line))]
     assert len(rows) == 1, result.stdout
     nodes, walk, watch, _ratio, silent = rows[0].groups()

@@ -27,8 +27,11 @@ def test_region_bench_quick_prints_figures() -> None:
     )
     assert [n for n, _ in rates] == ["1", "2"], out
     assert re.search(
-        r"^fault-to-isolation, \d+ of 200 nodes .* p50 [\d.]+ s, p99 [\d.]+ s", out, re.M
-    )
+        r"^fault-to-isolation, \d+ of 200 nodes .* p50 [\d.]+ s, p99 [\d.]+ s, .*"
+        r"the host's CPUs \d+% busy",
+        out,
+        re.M,
+    ), out
     assert re.search(
         r"^shard SIGKILL mid-run .* taken over after [\d.]+ s .* exactly once each$", out, re.M
     ), out
