@@ -533,7 +533,8 @@ async def faults_and_kills(nc: Client, cluster: NatsCluster, root: Path,
 def host_cpu() -> tuple[int, int]:
     """(busy, total) CPU ticks of the host since boot (/proc/stat; (0, 0) elsewhere)."""
     try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        line = Path("/proc/stat").read_text().split("\n")[0]
+        fields = [int(v) for v in line.split()[1:9]]  # user .. steal (guest is in user)
     except (OSError, ValueError):
         return 0, 0
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait

@@ -388,11 +388,10 @@ class RegionController:
         if store.records is not self._watched_records:
             self._watched_records = store.records
             self._watch = SilenceWatch()
-            store.changed = set()
+            store.take_changed()  # all of them are watched now
             self._rewatch(store.records, None)
             return
-        changed, store.changed = store.changed, set()
-        self._rewatch(changed, None)
+        self._rewatch(store.take_changed(), None)
 
     def _rewatch(self, handles: Iterable[str], now: float | None) -> None:
         self._watch.rewatch(handles, self.store.records, self._silence_due, now)
@@ -486,11 +485,11 @@ class RegionController:
                         _, published = await self._commit(
                             lambda: self._decide_group(key, group), _received(group), owned
                         )
-                    except BaseException as exc:
+                    except BaseException as exc:  # this caller raises the round's own error
                         for entry in group:
-                            entry.error = RoundFailedError(f"the round of {len(group)} failed")
-                            entry.error.__cause__ = exc
-                        mine.error = None  # this caller raises the round's own error
+                            if entry is not mine:
+                                entry.error = RoundFailedError(f"the round of {len(group)} failed")
+                                entry.error.__cause__ = exc
                         raise
                     finally:
                         for entry in group:

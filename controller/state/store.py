@@ -114,9 +114,9 @@ class NodeStore:
         node's history is held once."""
         self._unwritten: set[str] = set()
         """Handles whose cached record is newer than KV in liveness fields only."""
-        self.changed: set[str] = set()
+        self._changed: set[str] = set()
         """Handles whose record was added, removed or changed in more than its liveness
-        since the holder last took this set (the controller's silence watch does)."""
+        since :meth:`take_changed`."""
 
     @classmethod
     async def open(
@@ -140,7 +140,7 @@ class NodeStore:
         await fresh.load()
         self._revisions, self.records, self.rails = fresh._revisions, fresh.records, fresh.rails
         self.outbox, self._sizes, self.signals = fresh.outbox, fresh._sizes, fresh.signals
-        self._unwritten, self.changed = fresh._unwritten, fresh.changed
+        self._unwritten, self._changed = fresh._unwritten, fresh._changed
 
     async def load(self) -> None:
         """Read every key of the bucket into the cache (at start, at a takeover): one
@@ -194,6 +194,13 @@ class NodeStore:
         self.records[key] = record
         return True
 
+    def take_changed(self) -> set[str]:
+        """The handles whose record was added, removed or changed in more than its liveness
+        since the last call (the controller's silence watch takes them); the set restarts
+        empty."""
+        changed, self._changed = self._changed, set()
+        return changed
+
     @property
     def unwritten(self) -> frozenset[str]:
         """The handles whose record has liveness not yet written."""
@@ -219,7 +226,7 @@ class NodeStore:
         if key not in self.records:
             self._sizes[(record.node.region, record.node.cluster)] += 1
         self.records[key] = record
-        self.changed.add(key)
+        self._changed.add(key)
 
     async def put_rail(self, state: RailState) -> None:
         """Write a cluster's rail state (compare-and-set); StoreConflictError on a lost race."""
@@ -330,7 +337,7 @@ class NodeStore:
         gone = self.records.pop(key, None)
         if gone is not None:
             self._sizes[(gone.node.region, gone.node.cluster)] -= 1
-            self.changed.add(key)
+            self._changed.add(key)
         if key.startswith(RAIL_PREFIX):
             self.rails = {k: v for k, v in self.rails.items() if rail_key(*k) != key}
         if key.startswith(OUTBOX_PREFIX):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tests.integration.agent_proc import METALGUARD
@@ -20,3 +22,30 @@ async def start_controller(config: Path) -> asyncio.subprocess.Process:
         str(METALGUARD), "controller", "run", "--config", str(config),
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def running_controller(config: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """:func:`start_controller`, killed on the way out if it is still running."""
+    proc = await start_controller(config)
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def stop_cleanly(
+    proc: asyncio.subprocess.Process,
+    seen: list[str],
+    deadline_s: float,
+    drain: asyncio.Task[bytes] | None = None,
+) -> None:
+    """SIGTERM, and the controller exits 0 within ``deadline_s`` (its stderr read to the
+    end meanwhile, by ``drain`` when the caller already reads it)."""
+    assert proc.stderr is not None
+    proc.terminate()
+    drain = drain or asyncio.create_task(proc.stderr.read())
+    assert await asyncio.wait_for(proc.wait(), deadline_s) == 0, "".join(seen)
+    await drain

@@ -14,7 +14,7 @@ import pytest
 from metalguard.agent.config import ConfigError, parse_config
 from metalguard.proto.subjects import Subjects
 from tests.integration.agent_proc import AgentProcess, write_agent_config
-from tests.integration.controller_proc import controller_toml, start_controller
+from tests.integration.controller_proc import controller_toml, running_controller, stop_cleanly
 from tests.waiting import wait_for_line, wait_for_value
 
 DEADLINE_S = 30.0
@@ -49,10 +49,9 @@ async def test_the_controller_serves_its_loop_lag(
     config.write_text(
         controller_toml(nats_url, subjects.prefix, f'[http]\nlisten = "127.0.0.1:{port}"\n')
     )
-    proc = await start_controller(config)
-    assert proc.stderr is not None
-    seen: list[str] = []
-    try:
+    async with running_controller(config) as proc:
+        assert proc.stderr is not None
+        seen: list[str] = []
         await wait_for_line(proc.stderr, "running", DEADLINE_S, seen)
         drain = asyncio.create_task(proc.stderr.read())
         text = await wait_for_value(
@@ -67,13 +66,7 @@ async def test_the_controller_serves_its_loop_lag(
         assert "metalguard_nodes{" in text  # the other gauges are still there
         assert figure(text, "metalguard_job_bad_events_total") == 0.0  # listener counts
         assert "metalguard_federation_bad_messages_total" not in text  # no [federation]
-        proc.terminate()
-        assert await asyncio.wait_for(proc.wait(), DEADLINE_S) == 0, "".join(seen)
-        await drain
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await stop_cleanly(proc, seen, DEADLINE_S, drain)
 
 
 async def test_the_agent_serves_its_loop_lag_and_counters(nats_url: str, tmp_path: Path) -> None:
