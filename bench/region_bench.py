@@ -298,6 +298,10 @@ async def drain_rate(region: Region, total: int, servers: list[int]) -> Drain:
     )
 
 
+RAW_QUIET_S = 30.0
+"""How long the raw consumer waits for a next message before the bench fails."""
+
+
 async def raw_rate(js: JetStreamContext, subjects: Subjects, n: int) -> float:
     """The baseline: one raw pull consumer (fetch 256, decode, ack) over ``n`` batches."""
     durable = f"raw{uuid4().hex[:6]}"
@@ -306,15 +310,23 @@ async def raw_rate(js: JetStreamContext, subjects: Subjects, n: int) -> float:
                                          max_ack_pending=4096))  # fmt: skip
     sub = await js.pull_subscribe_bind(durable, subjects.stream_telemetry)
     got, started = 0, time.perf_counter()
+    quiet_since = time.monotonic()
     while got < n:
         try:
             msgs: list[Msg] = await sub.fetch(256, timeout=5)
         except (NatsError, TimeoutError):
-            break
+            # an empty pull (a new R3 consumer's first can come back empty on a busy
+            # host): give up only after RAW_QUIET_S without a message
+            if time.monotonic() - quiet_since > RAW_QUIET_S:
+                break
+            continue
+        quiet_since = time.monotonic()
         for m in msgs:
             decode(m.data)
             await m.ack()
         got += len(msgs)
+    if got < n:
+        raise RuntimeError(f"the raw consumer got {got} of {n} batches ({RAW_QUIET_S:.0f} s quiet)")
     rate = got / (time.perf_counter() - started)
     await sub.unsubscribe()
     await js.delete_consumer(subjects.stream_telemetry, durable)
