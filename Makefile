@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test check lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,14 +26,30 @@ install: $(STAMP_RUN)
 demo: $(STAMP_RUN)
 	$(BIN)/metalguard demo
 
-## test: ruff, mypy, the layering contracts (lint-imports), then the whole pytest suite
+# pytest workers for `make test`: its tests mostly wait (servers, timers, child processes,
+# VMs), so more workers than the 2 cores pays (docs/testing.md has the measurements).
+# Tests that need one resource at a time share an xdist_group (--dist loadgroup).
+WORKERS ?= 4
+STAGE   := .ci/stage
+
+## test: ruff, mypy, the layering contracts, then the whole pytest suite in parallel,
+## in a random order (pytest-randomly; its seed is printed), the 25 slowest tests listed
 test: $(STAMP_DEV)
-	bash tests/ensure-tools.sh
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy
-	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -q -ra
+	$(STAGE) tools bash tests/ensure-tools.sh
+	$(STAGE) ruff $(BIN)/ruff check .
+	$(STAGE) format $(BIN)/ruff format --check .
+	$(STAGE) mypy $(BIN)/mypy
+	$(STAGE) lint-imports $(BIN)/lint-imports --no-cache
+	$(STAGE) pytest $(BIN)/pytest -q -ra -n $(WORKERS) --dist loadgroup --durations=25
+
+## check: the loop after every edit (< 2 min): ruff, mypy, the layering contracts and the
+## unit tests (no server, no subprocess, no root)
+check: $(STAMP_DEV)
+	$(STAGE) ruff $(BIN)/ruff check .
+	$(STAGE) format $(BIN)/ruff format --check .
+	$(STAGE) mypy $(BIN)/mypy
+	$(STAGE) lint-imports $(BIN)/lint-imports --no-cache
+	$(STAGE) unit $(BIN)/pytest -q -n 2 tests/unit
 
 lint: $(STAMP_DEV)
 	$(BIN)/ruff check .

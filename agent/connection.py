@@ -1,13 +1,13 @@
 """The agent's NATS connection: a bounded first connect, then retries that never end.
 
 nats-py's ``connect()`` never returns while the server is down when reconnects are
-unlimited, so each first-connect attempt runs under ``asyncio.wait_for`` and a failed
-attempt is retried in a background task after a full-jitter backoff.  Once connected,
-nats-py reconnects by itself (``max_reconnect_attempts=-1``); its
-``reconnect_to_server_handler`` hook supplies the same full-jitter delays, since nats-py
-2.16 has no jitter option of its own.  ``pending_size=0`` turns off the client's
-reconnect buffer: a publish while disconnected fails at once instead of sitting in
-memory, so the publisher can spool it.
+unlimited, so each first-connect attempt runs under a deadline
+(``runtime.deadlines.within``) and a failed attempt is retried in a background task after a
+full-jitter backoff.  Once connected, nats-py reconnects by itself
+(``max_reconnect_attempts=-1``); its ``reconnect_to_server_handler`` hook supplies the
+same full-jitter delays, since nats-py 2.16 has no jitter option of its own.
+``pending_size=0`` turns off the client's reconnect buffer: a publish while disconnected
+fails at once instead of sitting in memory, so the publisher can spool it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from nats.js import JetStreamContext
 from metalguard.agent.backoff import Backoff, Sleep, guarded_task
 from metalguard.proto.access import connect_options
 from metalguard.proto.access import tls_context as proto_tls_context
+from metalguard.runtime.deadlines import within
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class NatsSettings:
     connect_timeout_s: float = 2.0
     """One TCP + handshake attempt."""
     first_connect_timeout_s: float = 5.0
-    """Deadline of one first-connect attempt (``asyncio.wait_for``)."""
+    """Deadline of one first-connect attempt (``runtime.deadlines.within``)."""
     reconnect_base_s: float = 0.5
     reconnect_max_s: float = 30.0
     """Full-jitter backoff of connects and reconnects: ``uniform(0, min(max, base*2**n))``."""
@@ -157,9 +158,7 @@ class Connection:
         self.attempts += 1
         nc = self._client_factory()
         try:
-            await asyncio.wait_for(
-                nc.connect(**self._options(nc)), self.settings.first_connect_timeout_s
-            )
+            await within(nc.connect(**self._options(nc)), self.settings.first_connect_timeout_s)
         except asyncio.CancelledError:
             await _close_quietly(nc)
             raise

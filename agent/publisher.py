@@ -41,6 +41,7 @@ from metalguard.proto.codec import encode
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import DEFAULT_SUBJECTS, SubjectError, Subjects
 from metalguard.proto.telemetry import TelemetryBatch
+from metalguard.runtime.deadlines import within
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ class Publisher:
         sender = self._sender
         if sender is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(sender), flush_timeout)
+                await within(asyncio.shield(sender), flush_timeout)
             except TimeoutError:
                 self._abort = True
                 self._cancel_inflight()
@@ -377,7 +378,7 @@ class Publisher:
         if remaining <= 0:
             return True
         try:
-            await asyncio.wait_for(self._wakeup.wait(), remaining)
+            await within(self._wakeup.wait(), remaining)
         except TimeoutError:
             return True
         return False

@@ -10,7 +10,6 @@ sent goes to the spool) and exits 0.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
@@ -43,6 +42,7 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import QosInterfaceStatus, RdmaPort, TelemetryBatch
+from metalguard.runtime.deadlines import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +206,7 @@ class AgentService:
                 self._last_progress = self._mono()
                 self._status()
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.collection.tick_s)
+                await wait_event(self._wake, self.collection.tick_s)
         finally:
             notify("STOPPING=1", self._env)
             if metrics is not None:

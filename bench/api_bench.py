@@ -1,6 +1,6 @@
 """The HTTP API and the dashboard at 100,000 nodes (docs/benchmarks.md "API and dashboard").
 
-Builds a region's node records in memory (tests/integration/api_fleet.py: 32 nodes a
+Builds a region's node records in memory (tests/support/harness/api_fleet.py: 32 nodes a
 rack, 100 racks a cluster, ~4 % not healthy), serves the real aiohttp app
 (``controller.api.app.make_app``) on loopback from a thread, and times requests from a
 keep-alive ``http.client`` connection in the main thread, the cases round robin:
@@ -66,8 +66,8 @@ from metalguard.controller.api.nodes import (  # noqa: E402
     summary,
 )
 from metalguard.proto.nodes import NodeRecord  # noqa: E402
-from tests.integration.api_fleet import FleetView, NoEvents, fleet_view, place  # noqa: E402
-from tests.integration.headless_chromium import missing_parts, start_chromium  # noqa: E402
+from tests.support.harness.api_fleet import FleetView, NoEvents, fleet_view, place  # noqa: E402
+from tests.support.harness.headless_chromium import missing_parts, start_chromium  # noqa: E402
 
 GOAL_MS = 100.0
 PAINT_GOAL_S = 2.0

@@ -6,7 +6,7 @@ qemu-storage-daemon) over N QEMU VMs (TCG, 256 MiB each; Debian's cloud kernel w
 virtio-net NIC, or ``--variant generic``: the generic kernel with an e1000; the
 ``-plain`` variants boot without the speed-ups: no ``kernel_args``, iPXE's 3 s prompt
 waited out) behind their own Redfish
-BMCs and a bmc-proxy on a real nats-server: tests/integration/provision_cluster.py, the
+BMCs and a bmc-proxy on a real nats-server: tests/support/harness/provision_cluster.py, the
 same harness as tests/integration/test_provision_vm.py.  Each figure is wall time from the
 service call to the instance's ACTIVE, which only the booted image's ready report makes
 it (BMC commands -> iPXE -> kernel + initramfs over HTTP -> the root volume over NBD ->
@@ -59,9 +59,9 @@ from metalguard.controller.broker.server import NatsServer  # noqa: E402
 from metalguard.controller.state.streams import ensure_streams  # noqa: E402
 from metalguard.proto.provision import Instance, InstanceRequest  # noqa: E402
 from metalguard.proto.subjects import Subjects  # noqa: E402
-from tests.integration import provision_cluster, provision_vm, rxe_kernel  # noqa: E402
-from tests.integration.provision_cluster import VmCluster, node_handle  # noqa: E402
-from tests.integration.redfish_emulator import make_certificate  # noqa: E402
+from tests.support.harness import provision_cluster, provision_vm, rxe_kernel  # noqa: E402
+from tests.support.harness.provision_cluster import VmCluster, node_handle  # noqa: E402
+from tests.support.harness.redfish_emulator import make_certificate  # noqa: E402
 
 BOOT_TIMEOUT_S = 900.0
 VARIANTS = {

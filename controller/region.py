@@ -17,7 +17,6 @@ neither loses nor duplicates it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from array import array
@@ -58,6 +57,7 @@ from metalguard.proto.events import ControllerEvent, NodeEvent
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
+from metalguard.runtime.deadlines import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -640,8 +640,7 @@ class RegionController:
 
     async def _silence_loop(self, interval_s: float) -> None:
         while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), interval_s)
+            await wait_event(self._stop, interval_s)
             if self._stop.is_set():
                 return
             if not self._leading():

@@ -13,6 +13,7 @@ from nats.js.errors import BadRequestError, ServiceUnavailableError
 
 from metalguard.controller.state.streams import StreamSettings, ensure_streams
 from metalguard.proto.subjects import SubjectError, Subjects
+from metalguard.runtime.deadlines import within
 
 CONNECT_DEADLINE_S = 10.0
 ELECTION_DEADLINE_S = 15.0
@@ -60,7 +61,7 @@ async def setup_streams(
     connect.update(max_reconnect_attempts=1, connect_timeout=2)
     url = ", ".join(connect["servers"])
     try:
-        nc = await asyncio.wait_for(nats.connect(**connect), CONNECT_DEADLINE_S)
+        nc = await within(nats.connect(**connect), CONNECT_DEADLINE_S)
     except (TimeoutError, OSError, NatsError) as exc:
         print(f"metalguard: cannot connect to {url}: {exc or type(exc).__name__}", file=sys.stderr)
         return 1

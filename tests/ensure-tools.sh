@@ -17,7 +17,7 @@ command -v slurmctld >/dev/null 2>&1 || want+=(slurm-wlm)  # real one-node Slurm
 command -v munged >/dev/null 2>&1 || want+=(munge)  # Slurm's authentication
 command -v chromium >/dev/null 2>&1 || want+=(chromium)  # the dashboard's browser test
 [ -x /usr/bin/chromedriver ] || want+=(chromium-driver)  # selenium drives chromium with it
-# The Soft-RoCE VM test (tests/integration/rxe_vm.py): QEMU, and what its initramfs holds.
+# The Soft-RoCE VM test (tests/support/harness/rxe_vm.py): QEMU, and what its initramfs holds.
 command -v qemu-system-x86_64 >/dev/null 2>&1 || want+=(qemu-system-x86)
 command -v busybox >/dev/null 2>&1 || want+=(busybox-static)
 command -v rdma >/dev/null 2>&1 || want+=(iproute2)
@@ -31,7 +31,7 @@ command -v qemu-img >/dev/null 2>&1 || want+=(qemu-utils)
 command -v qemu-storage-daemon >/dev/null 2>&1 || want+=(qemu-system-common)  # NBD exports
 command -v mke2fs >/dev/null 2>&1 || want+=(e2fsprogs)
 [ -d /usr/lib/ipxe/qemu ] || want+=(ipxe-qemu)
-# The provisioning VM (tests/integration/provision_vm.py): its static NBD client, and the
+# The provisioning VM (tests/support/harness/provision_vm.py): its static NBD client, and the
 # host-side check of a tenant's volume (debugfs is in e2fsprogs).
 command -v gcc >/dev/null 2>&1 || want+=(gcc)
 [ -n "$(find /usr/lib -maxdepth 3 -name libc.a 2>/dev/null | head -n 1)" ] || want+=(libc6-dev)

@@ -27,6 +27,7 @@ from typing import Final
 from metalguard.agent.bmc.credentials import load_credentials
 from metalguard.agent.bmc.targets import BmcTarget
 from metalguard.proto.telemetry import BmcReading, BmcSensor
+from metalguard.runtime.deadlines import within
 
 SOURCE: Final = "ipmi"
 DEFAULT_PORT: Final = 623
@@ -342,7 +343,7 @@ async def run_tool(
     except OSError as exc:
         return ToolResult(False, message=f"{argv[0]}: cannot run: {exc}")
     try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout_s)
+        stdout, stderr = await within(proc.communicate(), timeout_s)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()

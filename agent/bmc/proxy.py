@@ -12,7 +12,6 @@ in the stream's duplicate window.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -30,6 +29,7 @@ from metalguard.agent.spool import Spool
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import BmcReading, TelemetryBatch
+from metalguard.runtime.deadlines import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +217,7 @@ class BmcProxy:
             await self.poll_once()
             log.debug("bmc-proxy: %d targets in %.2fs", len(self.targets), self.stats.last_cycle_s)
             left = self.interval_s - (self._mono() - started)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), max(left, 0.0))
+            await wait_event(self._stop, max(left, 0.0))
 
     def start(self) -> None:
         """Run in a guarded background task."""

@@ -23,7 +23,8 @@ Freshness: an answer of the mount is reused for the mount's ``metadata_ttl_s`` (
 hit costs no round trip); a copy evicted meanwhile is noticed at ``open`` (the file is
 gone) and asked for again.  A source change is therefore seen within twice the TTL.
 Hits read from cached copies are reported to the mount over a datagram socket (best
-effort) so its hit counters and policy see them.
+effort: a full queue drops the report, counted in ``unreported_hits``) so its hit
+counters and policy see them.
 
 Without a running mount (none found, or it died) reads go to the source directly
 through the chained target file system (a logged warning, once), or raise
@@ -92,6 +93,9 @@ class MGCacheFileSystem(_Base):  # type: ignore[misc]
         self._sock: socket.socket | None = None
         self._sock_pid = -1
         self._warned = False
+        self.unreported_hits = 0
+        """Hits read from a cached copy that the mount was not told of (its datagram queue
+        was full or it was gone): the mount's hit counter is short by this many."""
         self.mountpoint = _find_mountpoint(mountpoint, dataset, config, target_protocol, fo)
         self.info_: MountInfo | None = None
         self._root = ""
@@ -218,8 +222,9 @@ class MGCacheFileSystem(_Base):  # type: ignore[misc]
                     self._sock_pid = os.getpid()
                 sock = self._sock
             sock.sendto(rel.encode() + b"\n", "\0" + name[1:])
-        except OSError:
-            pass  # the mount is gone or its queue is full: this hit goes uncounted
+        except OSError:  # the mount is gone or its queue is full: this hit goes uncounted
+            with self._lock:
+                self.unreported_hits += 1
 
     def _source_open(self, path: str) -> IO[bytes]:
         if self.target is None or not self._fallback:

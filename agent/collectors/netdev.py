@@ -37,6 +37,7 @@ from metalguard.agent.collectors.netdev_parse import (
 )
 from metalguard.agent.sysfs import ReadStatus, SysfsReader, run_scan
 from metalguard.proto.telemetry import CollectorError, NetInterface, TcClassStats
+from metalguard.runtime.deadlines import within
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ async def read_ethtool(ethtool: str, interface: str) -> dict[str, int]:
     except OSError:
         return {}
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), ETHTOOL_TIMEOUT_S)
+        out, _ = await within(proc.communicate(), ETHTOOL_TIMEOUT_S)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()

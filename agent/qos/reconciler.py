@@ -41,6 +41,7 @@ from metalguard.proto.base import AttrValue, NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.qos import QosProfile, profile_problems
 from metalguard.proto.telemetry import QosInterfaceStatus, RdmaPort
+from metalguard.runtime.deadlines import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +203,7 @@ class QosReconciler:
                 await self.reconcile()
             except Exception:  # one bad pass must not end the loop
                 log.exception("QoS reconcile pass failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            await wait_event(self._wake, self.interval_s)
 
     async def reconcile(self) -> list[InterfaceResult]:
         """One pass over every selected interface; returns this pass's results."""

@@ -35,6 +35,7 @@ from metalguard.agent.workload.reports import (
 )
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
+from metalguard.runtime.deadlines import within
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ class Runner:
             member.waiters[request_id] = (future, command_id)
             try:
                 await member.peer.send({"op": "checkpoint", "request_id": request_id})
-                return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+                return await within(asyncio.shield(future), timeout_s)
             except TimeoutError:
                 raise self._no_checkpoint(member, timeout_s) from None
             finally:
@@ -250,7 +251,7 @@ class Runner:
             member.stopping = True
             _signal_group(member.pid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(member.exited.wait(), grace_s)
+                await within(member.exited.wait(), grace_s)
             except TimeoutError:
                 member.forced = True
                 _signal_group(member.pid, signal.SIGKILL)

@@ -29,6 +29,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from metalguard.proto.codec import CodecError, decode, encode_json
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.subjects import ControlSubject, SubjectError, Subjects
+from metalguard.runtime.deadlines import within
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,7 @@ class SseHub:
             await response.write(b": subscribed\n\n")
             while not self.closing:
                 try:
-                    item = await asyncio.wait_for(queue.get(), self.keepalive_s)
+                    item = await within(queue.get(), self.keepalive_s)
                 except TimeoutError:
                     await response.write(b": keep-alive\n\n")
                     continue

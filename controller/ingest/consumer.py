@@ -58,6 +58,7 @@ from metalguard.proto.subjects import (
     TelemetrySubject,
 )
 from metalguard.proto.telemetry import TelemetryBatch
+from metalguard.runtime.deadlines import wait_event, within
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,7 @@ class Ingest:
         for route in self._routes:
             if route.sub is not None:
                 try:  # bounded: a stop never waits forever on the server
-                    await asyncio.wait_for(route.sub.unsubscribe(), self.settings.stop_timeout_s)
+                    await within(route.sub.unsubscribe(), self.settings.stop_timeout_s)
                 except (TimeoutError, nats.errors.Error) as exc:
                     log.warning("unsubscribing %s failed: %s", route.durable, exc)
                 route.sub = None
@@ -424,8 +425,7 @@ class Ingest:
 
     async def _pause(self, seconds: float) -> None:
         """Wait ``seconds``, or less when stop() is called."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
+        await wait_event(self._stopping, seconds)
 
     async def _route_batch(self, route: _Route, msgs: list[Msg]) -> None:
         received = self._clock()

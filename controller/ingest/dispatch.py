@@ -12,7 +12,6 @@ the fetch loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from metalguard.controller.stopping import cancel_within
+from metalguard.runtime.deadlines import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,7 @@ class NodeDispatcher(Generic[T]):
         Returns how many nodes still had work (their items stay unacknowledged and are
         redelivered by JetStream).
         """
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        await wait_event(self._idle, timeout_s)
         left = len(self._lanes)
         workers, self._workers = self._workers, []
         await cancel_within(workers, timeout_s, "ingest drain")

@@ -33,6 +33,8 @@ from nats.js import JetStreamContext
 from nats.js.api import DEFAULT_PREFIX, Header, StatusCode
 from nats.js.errors import APIError
 
+from metalguard.runtime.deadlines import within
+
 EXPIRY_MARGIN_S: Final = 1.0
 """How much longer than its ``expires`` a pull waits for the server's word before it
 gives up (a connection lost meanwhile: the server's 408 never comes)."""
@@ -127,7 +129,7 @@ class Puller:
                 if left <= 0:
                     break
                 try:
-                    await asyncio.wait_for(self._wake.wait(), left)
+                    await within(self._wake.wait(), left)
                 except TimeoutError:
                     break
             msgs, ended = self._take_until_status(batch, msgs)

@@ -54,6 +54,7 @@ from metalguard.proto.events import Command, CommandReply, ControllerEvent, Node
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, CheckpointRef, Job, JobStatus
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import NodeEventSubject, SubjectError, Subjects
+from metalguard.runtime.deadlines import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +156,8 @@ class JobManager:
 
     async def stop(self) -> None:
         """Stop the passes and the subscription (jobs keep running on the nodes)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        if self._task is not None:  # bounded too: a pass loop that lost its cancel
+            await cancel_within([self._task], STOP_WAIT_S, "job manager passes")
             self._task = None
         if self._sub is not None:
             with contextlib.suppress(NatsError):
@@ -178,8 +178,7 @@ class JobManager:
                 raise
             except Exception:
                 log.exception("job pass failed; retrying on the next tick")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.tick_s)
+            await wait_event(self._wake, self.settings.tick_s)
             self._wake.clear()
 
     # --- the API ------------------------------------------------------------------------

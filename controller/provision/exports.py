@@ -42,6 +42,7 @@ from qemu.qmp import ExecuteError, QMPClient, QMPError, Runstate
 
 from metalguard.controller.provision import nbdplan
 from metalguard.controller.provision.tool import StorageError, run_tool
+from metalguard.runtime.deadlines import within
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ class ExportServer:
     async def _connect(self) -> QMPClient:
         client = QMPClient("metalguard-qsd")
         try:
-            await asyncio.wait_for(client.connect(str(self.socket_path)), self._start_timeout)
+            await within(client.connect(str(self.socket_path)), self._start_timeout)
         except (QMPError, OSError, TimeoutError) as exc:
             with contextlib.suppress(Exception):
                 await client.disconnect()
@@ -357,7 +358,7 @@ class ExportServer:
             up = client is not None and client.runstate == Runstate.RUNNING
             if client is not None and up and gate_ok and not self._dirty:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(client.runstate_changed(), CHECK_S)
+                    await within(client.runstate_changed(), CHECK_S)
                 continue
             try:
                 async with self._lock:
@@ -393,7 +394,7 @@ class ExportServer:
 
     async def _ready(self) -> QMPClient:
         try:
-            await asyncio.wait_for(self._up.wait(), self._op_timeout)
+            await within(self._up.wait(), self._op_timeout)
         except TimeoutError:
             raise StorageError("export server: the daemon is down (restarting)") from None
         assert self._client is not None
@@ -404,7 +405,7 @@ class ExportServer:
         if client is None or client.runstate != Runstate.RUNNING:
             raise StorageError("export server: the daemon is down (restarting)")
         try:
-            return await asyncio.wait_for(client.execute(cmd, args), self._op_timeout)
+            return await within(client.execute(cmd, args), self._op_timeout)
         except ExecuteError as exc:
             raise StorageError(f"export server: {cmd}: {exc}") from None
         except (QMPError, OSError, EOFError, TimeoutError) as exc:

@@ -54,7 +54,6 @@ through the API: :func:`public` blanks it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import os
@@ -87,6 +86,7 @@ from metalguard.proto.provision import (
     Volume,
 )
 from metalguard.proto.subjects import Subjects
+from metalguard.runtime.deadlines import wait_event, within
 
 __all__ = [
     "BmcPower",
@@ -245,8 +245,7 @@ class ProvisionService:
                 raise
             except Exception:
                 log.exception("provision pass failed; retrying on the next tick")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.tick_s)
+            await wait_event(self._wake, self.settings.tick_s)
             self._wake.clear()
 
     async def run_pass(self) -> None:
@@ -339,7 +338,7 @@ class ProvisionService:
 
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(reached), timeout_s)
+                await within(self._changed.wait_for(reached), timeout_s)
             except TimeoutError:
                 inst = self.store.instances.get(instance_id)
                 state = inst.state if inst is not None else "gone"

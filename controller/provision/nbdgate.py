@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from metalguard.controller.provision import nbdplan
+from metalguard.runtime.deadlines import within
 
 log = logging.getLogger("metalguard.nbdgate")
 
@@ -98,7 +99,7 @@ async def handle(upstream: str, cr: asyncio.StreamReader, cw: asyncio.StreamWrit
     uw: asyncio.StreamWriter | None = None
     try:
         ur, uw = await asyncio.open_unix_connection(upstream)
-        attached = await asyncio.wait_for(_haggle(cr, cw, ur, uw, peer), HANDSHAKE_TIMEOUT_S)
+        attached = await within(_haggle(cr, cw, ur, uw, peer), HANDSHAKE_TIMEOUT_S)
         if attached:
             pumps = [asyncio.ensure_future(_pump(cr, uw)), asyncio.ensure_future(_pump(ur, cw))]
             _done, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)

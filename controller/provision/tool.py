@@ -14,6 +14,8 @@ import shlex
 from collections.abc import Sequence
 from typing import Literal
 
+from metalguard.runtime.deadlines import within
+
 ErrorKind = Literal["invalid", "not_found", "conflict", "failed"]
 """invalid: bad input (400); not_found: no such image/volume/export (404); conflict: it
 exists already, or is in use (409); failed: the tool or the daemon failed (502)."""
@@ -79,7 +81,7 @@ async def run_tool(
     except OSError as exc:
         raise StorageError(f"{what}: cannot run {argv[0]}: {exc}") from exc
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        out, err = await within(proc.communicate(), timeout_s)
     except TimeoutError:
         await _reap(proc)
         raise StorageError(f"{what}: {argv[0]} timed out after {timeout_s:g}s") from None

@@ -30,6 +30,7 @@ from metalguard.controller.state.store import NodeStore
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
+from metalguard.runtime.deadlines import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,7 @@ class ShardRunner:
             else:
                 await changed.wait()
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), SYNC_RETRY_S)
+            await wait_event(changed, SYNC_RETRY_S)
 
     async def _sync(self) -> None:
         """Start ingest once the gate is open; stop it once it is closed."""

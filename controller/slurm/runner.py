@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metalguard.controller.slurm.config import SlurmSection
+from metalguard.runtime.deadlines import within
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class SlurmRunner:
         except OSError as exc:
             return Completed(argv, 127, "", f"cannot run: {exc}")
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self._cfg.command_timeout_s)
+            out, err = await within(proc.communicate(), self._cfg.command_timeout_s)
         except TimeoutError:
             await _reap(proc)
             return Completed(argv, 124, "", f"timed out after {self._cfg.command_timeout_s}s")

@@ -24,6 +24,7 @@ from metalguard.controller.slurm.config import load_bridge_config
 from metalguard.controller.slurm.runner import SlurmRunner
 from metalguard.controller.slurm.tools import SlurmTools
 from metalguard.proto.subjects import Subjects
+from metalguard.runtime.deadlines import within
 
 
 async def run_bridge(config_path: Path) -> int:
@@ -42,9 +43,7 @@ async def run_bridge(config_path: Path) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         try:
-            nc: Client = await asyncio.wait_for(
-                nats.connect(**options), cfg.nats.connect_deadline_s
-            )
+            nc: Client = await within(nats.connect(**options), cfg.nats.connect_deadline_s)
         except (TimeoutError, OSError, NatsError):
             print(f"metalguard: cannot connect to {', '.join(cfg.nats.servers)}", file=sys.stderr)
             return 1

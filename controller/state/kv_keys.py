@@ -25,6 +25,8 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KV_DEL, KV_MARKER_REASON, KV_OP, KV_PURGE, KeyValue
 
+from metalguard.runtime.deadlines import wait_event
+
 log = logging.getLogger(__name__)
 
 KV_PREFIX = "$KV."
@@ -140,8 +142,7 @@ async def _read(
             done.set()
         while not done.is_set():
             count = len(latest)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), quiet_s)
+            await wait_event(done, quiet_s)
             if not done.is_set() and len(latest) == count:
                 break  # nothing for quiet_s: read the rest key by key
     finally:

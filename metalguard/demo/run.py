@@ -88,6 +88,7 @@ from metalguard.proto.events import ControllerEvent
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.qos import decode_profile
 from metalguard.proto.subjects import Subjects
+from metalguard.runtime.deadlines import wait_event, within
 
 DEFAULT_REGIONS = 2
 FEDERATION_INTERVAL_S = 1.0
@@ -525,7 +526,7 @@ async def run_demo(options: DemoOptions) -> int:
     try:
         _say("starting nats-server (JetStream)")
         url = await asyncio.to_thread(server.start)
-        nc = await asyncio.wait_for(nats.connect(url, max_reconnect_attempts=1), 10)
+        nc = await within(nats.connect(url, max_reconnect_attempts=1), 10)
         cleanup.append(nc.close)
         js = nc.jetstream()
         await ensure_streams(js, subjects)
@@ -675,7 +676,7 @@ async def _clean_up(cleanup: list[Any], server: NatsServer, budget_s: float) -> 
     for step in reversed(cleanup):
         left = max(0.05, end - time.monotonic())
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(step(), left)
+            await within(step(), left)
     await asyncio.to_thread(_close_server, server)
 
 
@@ -772,8 +773,7 @@ async def _wait_agents(
             line = now
         if up >= total:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.5)
+        await wait_event(stop, 0.5)
     if up < total:
         _say(f"only {up}/{total} agents reported within {AGENTS_UP_DEADLINE_S:.0f}s")
 

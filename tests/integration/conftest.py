@@ -1,27 +1,82 @@
-"""Fixtures that several integration test files share. The session nats-server and its
-private streams (``nats_server``, ``nc``, ``subjects``, ...) are in tests/conftest.py; the
-helpers behind these fixtures live in this directory's helper modules (not test_*.py)."""
+"""Fixtures that several integration test files share: the session nats-server and each
+test's private streams (``nats_server``, ``nats_url``, ``nc``, ``subjects``,
+``fresh_server``), and the harnesses behind the others, which live in tests/support/harness
+(not here, not in test_*.py). tests/unit sees none of these: a unit test asking for one
+fails with pytest's "fixture not found"."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import nats
 import pytest
 from nats.aio.client import Client
 
+from metalguard.controller.broker.server import NatsServer
 from metalguard.proto.subjects import Subjects
-from tests.integration.ha_leases import shorten_leases
-from tests.integration.provision_env import ProvisionEnv, missing_tools, provision_env
-from tests.integration.qos_netns import VethPair, veth_pair
-from tests.integration.redfish_emulator import (
+from tests.support.harness.ha_leases import shorten_leases
+from tests.support.harness.private_streams import drop_streams, private_subjects
+from tests.support.harness.provision_env import ProvisionEnv, missing_tools, provision_env
+from tests.support.harness.qos_netns import VethPair, veth_pair
+from tests.support.harness.redfish_emulator import (
     Certificate,
     RedfishEmulator,
     RunningEmulator,
     make_certificate,
     start_emulator,
 )
-from tests.integration.slurm_cluster import SlurmCluster, missing_reason
+from tests.support.harness.slurm_cluster import SlurmCluster, missing_reason
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[NatsServer]:
+    """One real nats-server for the whole session, on a free loopback port."""
+    server = NatsServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServer) -> str:
+    """The session server's client URL."""
+    return nats_server.url
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    """A connected client, drained at the end of the test."""
+    client = await nats.connect(nats_url, connect_timeout=2, max_reconnect_attempts=1)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def fresh_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A private server for tests that stop and restart it (same port, same store)."""
+    server = NatsServer(store_dir=tmp_path / "js")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+async def subjects(nc: Client) -> AsyncIterator[Subjects]:
+    """The design's streams and buckets under a prefix of this test's own (tests share the
+    session server), deleted afterwards."""
+    js = nc.jetstream(timeout=5)
+    private = await private_subjects(js)
+    try:
+        yield private
+    finally:
+        await drop_streams(js, private)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +135,7 @@ async def provision(
     nc: Client, nats_url: str, subjects: Subjects, certificate: Certificate, tmp_path: Path
 ) -> AsyncIterator[ProvisionEnv]:
     """A region for the provisioning service with real parts and no VM
-    (tests/integration/provision_env.py); skipped with the reason printed where the
+    (tests/support/harness/provision_env.py); skipped with the reason printed where the
     storage tools are missing."""
     missing = missing_tools()
     if missing:

@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.integration.agent_proc import FIXTURE_SMART, FIXTURE_SYSFS, METALGUARD
+from tests.support.harness.agent_proc import FIXTURE_SMART, FIXTURE_SYSFS, METALGUARD
 
 TOP_LEVEL = {"node", "seq", "ts", "edac", "pcie", "hwmon", "smart", "rdma", "errors"}
 PCIE_KEYS = {

@@ -17,8 +17,8 @@ from metalguard.controller.state.streams import ensure_streams
 from metalguard.proto.codec import decode
 from metalguard.proto.subjects import DEFAULT_SUBJECTS, TelemetrySubject
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.integration.agent_proc import AgentProcess, NotifySocket, write_agent_config
-from tests.waiting import wait_for_value, wait_until
+from tests.support.harness.agent_proc import AgentProcess, NotifySocket, write_agent_config
+from tests.support.waiting import wait_for_value, wait_until
 
 SUBJECTS = DEFAULT_SUBJECTS
 

@@ -17,7 +17,7 @@ from metalguard.controller.api.app import make_app
 from metalguard.controller.api.events import HUB
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import BmcReading, DatasetCache, QosInterfaceStatus
-from tests.integration.api_env import (
+from tests.support.harness.api_env import (
     ADMIN_TOKEN,
     FATAL,
     FLEET,
@@ -26,7 +26,7 @@ from tests.integration.api_env import (
     api_env,
     batch,
 )
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 DEADLINE_S = 10.0
 READ = {"Authorization": f"Bearer {READ_TOKEN}"}

@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# A deadline for a hang, not a speed check: a bench child on a busy host takes minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "api_bench.py"
 ROW = re.compile(  # case, p50, p99, p99/healthz, bytes
     r"^(healthz|page[\w =+()-]*|summary by=\w+(?: rebuilt)?)"

@@ -18,7 +18,7 @@ import schemathesis
 from nats.aio.client import Client
 
 from metalguard.proto.subjects import Subjects
-from tests.integration.api_fuzz import (
+from tests.support.harness.api_fuzz import (
     ADMIN,
     READ,
     Run,

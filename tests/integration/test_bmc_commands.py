@@ -15,8 +15,8 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import Command, CommandReply, CommandStatus
 from metalguard.proto.subjects import Subjects
-from tests.integration.bmc_client import command_service
-from tests.integration.redfish_emulator import RunningEmulator
+from tests.support.harness.bmc_client import command_service
+from tests.support.harness.redfish_emulator import RunningEmulator
 
 NODE = NodeIdentity(region="eu1", cluster="trainA", node="gpu017")
 

@@ -13,7 +13,7 @@ import pytest
 
 from metalguard.agent.bmc import ipmi
 from metalguard.agent.bmc.targets import BmcTarget
-from tests.conftest import FIXTURES
+from tests.support import FIXTURES
 
 ELIST = FIXTURES / "bmc" / "telegraf_ipmitool_sdr_elist_v2_with_errors.txt"
 

@@ -22,8 +22,8 @@ from metalguard.agent.spool import Spool
 from metalguard.proto.codec import decode
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import BmcReading, TelemetryBatch
-from tests.integration.agent_proc import FIXTURE_SYSFS, METALGUARD, AgentProcess
-from tests.waiting import wait_until
+from tests.support.harness.agent_proc import FIXTURE_SYSFS, METALGUARD, AgentProcess
+from tests.support.waiting import wait_until
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "snmp"
 ENTITY = FIXTURES / "entity-sensor-bmc.snmprec"

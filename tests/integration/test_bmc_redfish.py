@@ -8,8 +8,8 @@ from pathlib import Path
 
 from metalguard.agent.bmc import redfish
 from metalguard.proto.telemetry import BmcReading, BmcSensor
-from tests.integration.bmc_client import credentials, target
-from tests.integration.redfish_emulator import (
+from tests.support.harness.bmc_client import credentials, target
+from tests.support.harness.redfish_emulator import (
     USER,
     Certificate,
     RedfishEmulator,

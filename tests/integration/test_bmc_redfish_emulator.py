@@ -1,4 +1,4 @@
-"""The Redfish emulator itself (tests/integration/redfish_emulator.py): credentials,
+"""The Redfish emulator itself (tests/support/harness/redfish_emulator.py): credentials,
 sessions and a reset, seen through plain HTTP."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import ssl
 
 import aiohttp
 
-from tests.integration.redfish_emulator import PASSWORD, SYSTEM, USER, RunningEmulator
+from tests.support.harness.redfish_emulator import PASSWORD, SYSTEM, USER, RunningEmulator
 
 
 async def test_emulator_requires_credentials_and_resets(bmc: RunningEmulator) -> None:

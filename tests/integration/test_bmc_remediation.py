@@ -9,8 +9,8 @@ from pathlib import Path
 from metalguard.agent.bmc import remediation
 from metalguard.agent.bmc.remediation import to_reply
 from metalguard.proto.events import CommandStatus
-from tests.integration.bmc_client import bmc_target, credentials, remediator, target
-from tests.integration.redfish_emulator import RunningEmulator
+from tests.support.harness.bmc_client import bmc_target, credentials, remediator, target
+from tests.support.harness.redfish_emulator import RunningEmulator
 
 
 async def test_power_status_changes_nothing(bmc: RunningEmulator, tmp_path: Path) -> None:

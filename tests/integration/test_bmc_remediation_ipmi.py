@@ -21,7 +21,7 @@ import pytest
 from metalguard.agent.bmc import ipmi
 from metalguard.agent.bmc.remediation import PowerControl, Remediator, open_control
 from metalguard.agent.bmc.targets import BmcTarget
-from tests.waiting import wait_for_value
+from tests.support.waiting import wait_for_value
 
 FAKE_IPMITOOL = r"""#!/bin/sh
 # ipmitool -I lanplus -H h -p p -N n -R r -U u -E chassis ...

@@ -29,8 +29,8 @@ from metalguard.controller.core.lifecycle import silence_limit_s
 from metalguard.controller.state.streams import ensure_streams
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.subjects import Subjects
-from tests.integration.jobs_env import INTERVAL_S, LIFECYCLE, JobsEnv, jobs_env
-from tests.waiting import wait_until
+from tests.support.harness.jobs_env import INTERVAL_S, LIFECYCLE, JobsEnv, jobs_env
+from tests.support.waiting import wait_until
 
 STALL_S = 8.0
 """Longer than the silence threshold (3 intervals of 0.5 s, at least 5 s)."""

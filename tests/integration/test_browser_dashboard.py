@@ -47,11 +47,11 @@ from metalguard.proto.provision import InstanceRequest
 from metalguard.proto.qos import decode_profile
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import NetInterface, QosInterfaceStatus, TelemetryBatch
-from tests.clock import T0
-from tests.integration.api_env import FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
-from tests.integration.api_fleet import NoEvents, fleet_view
-from tests.integration.headless_chromium import missing_parts, start_chromium
-from tests.waiting import wait_for_line
+from tests.support.clock import T0
+from tests.support.harness.api_env import FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
+from tests.support.harness.api_fleet import NoEvents, fleet_view
+from tests.support.harness.headless_chromium import missing_parts, start_chromium
+from tests.support.waiting import wait_for_line
 
 pytest.importorskip("selenium.webdriver", reason="selenium (the dev extra)")
 from selenium.common.exceptions import (
@@ -61,6 +61,8 @@ from selenium.common.exceptions import (
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
+
+pytestmark = pytest.mark.xdist_group("browser")  # one Chromium at a time: ~1 GiB and a core
 
 REPO = Path(__file__).resolve().parents[2]
 METALGUARD = Path(sys.executable).parent / "metalguard"
@@ -475,7 +477,8 @@ async def test_the_congestion_panel_shows_a_clusters_pause_frames_and_degraded_n
 # --- a large region (docs/dashboard.md "Large regions") ---------------------------------
 
 LARGE = 100_000
-"""Nodes of the large region: 3,125 racks of 32 in 32 clusters (tests/integration/api_fleet.py)."""
+"""Nodes of the large region: 3,125 racks of 32 in 32 clusters
+(tests/support/harness/api_fleet.py)."""
 
 
 @pytest.mark.timeout(300)  # 100,000 records built and drawn: minutes on a busy host

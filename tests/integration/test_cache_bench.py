@@ -23,6 +23,7 @@ ROW = re.compile(
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.xdist_group("fuse")  # its FUSE mount: one at a time with test_cache_fuse
 def test_cache_bench_quick_prints_its_lines(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(BENCH), "--quick", "--dir", str(tmp_path)],

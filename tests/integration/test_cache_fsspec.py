@@ -12,7 +12,7 @@ import fsspec
 import pytest
 
 from metalguard.agent.cache.fsspec_fs import MGCacheFileSystem
-from tests.integration.cache_env import (
+from tests.support.harness.cache_env import (
     CacheMount,
     force_unmount,
     fuse_skip_reason,
@@ -22,7 +22,10 @@ from tests.integration.cache_env import (
 )
 
 _SKIP = fuse_skip_reason()
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+pytestmark = [
+    pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
+    pytest.mark.xdist_group("fuse"),
+]
 
 MIB = 1024 * 1024
 
@@ -59,7 +62,14 @@ def test_chained_url_reads_cached_copies_and_the_mount_counts_them(
         assert local is not None
         assert not local.startswith(str(m.mountpoint))
         assert Path(local).read_bytes() == want
-    wait_until(lambda: m.stats().hits == 3 * len(files), 10, f"every hit counted: {m.stats()}")
+    # each hit counted once: by the mount, or (a report dropped by a full datagram queue on
+    # a busy host: best effort by design) by the file system as unreported
+    wait_until(
+        lambda: m.stats().hits + fs.unreported_hits == 3 * len(files),
+        10,
+        f"every hit counted: {m.stats()}, unreported {fs.unreported_hits}",
+    )
+    assert m.stats().hits >= 2 * len(files)  # the hits the mount answered itself
     s = m.stats()
     assert (s.misses, s.bytes_from_source) == (len(files), sum(map(len, files.values()))), s
     assert sorted(fs.ls("", detail=False)) == ["d0", "d1"]

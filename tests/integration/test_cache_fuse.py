@@ -26,7 +26,7 @@ import msgspec
 import pytest
 
 from metalguard.agent.cache.stats import read_stats
-from tests.integration.cache_env import (
+from tests.support.harness.cache_env import (
     CacheMount,
     data_bytes_on_disk,
     fill_disk,
@@ -43,7 +43,10 @@ from tests.integration.cache_env import (
 )
 
 _SKIP = fuse_skip_reason()
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+pytestmark = [
+    pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
+    pytest.mark.xdist_group("fuse"),
+]
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -19,7 +19,7 @@ import pytest
 from metalguard.agent.cache import source as source_module
 from metalguard.agent.cache.source import SourceError, open_source
 from metalguard.agent.cache.store import CacheStore
-from tests.clock import ManualClock
+from tests.support.clock import ManualClock
 
 DEADLINE_S = 30.0
 

@@ -8,8 +8,8 @@ import signal
 from pathlib import Path
 
 from metalguard.proto.subjects import Subjects
-from tests.integration.controller_proc import controller_toml, running_controller, stop_cleanly
-from tests.waiting import wait_for_line
+from tests.support.harness.controller_proc import controller_toml, running_controller, stop_cleanly
+from tests.support.waiting import wait_for_line
 
 DEADLINE_S = 30.0
 

@@ -17,7 +17,7 @@ from nats.aio.client import Client
 from metalguard.controller.api.app import make_app
 from metalguard.controller.api.dashboard import DASHBOARD_DIR
 from metalguard.proto.subjects import Subjects
-from tests.integration.api_env import READ_TOKEN, ApiEnv, api_env
+from tests.support.harness.api_env import READ_TOKEN, ApiEnv, api_env
 
 FILES = ("index.html", "app.js", "style.css")
 

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.timeout(240)  # its child's own deadline is 120 s
+
 METALGUARD = Path(sys.executable).parent / "metalguard"
 
 

@@ -20,7 +20,7 @@ from metalguard.demo.run import DemoOptions, expected_digest, region_count
 from metalguard.demo.sim.scenario import ScenarioError, parse_scenario
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.nodes import GradeChange, NodeRecord
-from tests.waiting import wait_for_line, wait_for_value
+from tests.support.waiting import wait_for_line, wait_for_value
 
 ROOT = Path(__file__).resolve().parents[2]
 METALGUARD = Path(sys.executable).parent / "metalguard"

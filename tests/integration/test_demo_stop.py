@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs_env import ROOT
+from tests.support import ROOT
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 RUNNING = "running; press Ctrl-C to stop"

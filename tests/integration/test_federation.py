@@ -16,8 +16,8 @@ from metalguard.controller.jobs.scheduler import FleetNode
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
-from tests.integration.api_env import ApiEnv, api_env
-from tests.waiting import wait_until
+from tests.support.harness.api_env import ApiEnv, api_env
+from tests.support.waiting import wait_until
 
 INTERVAL_S = 0.2
 DEADLINE_S = 10.0

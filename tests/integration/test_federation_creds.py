@@ -17,8 +17,8 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from tests.integration.supercluster import RegionServer
-from tests.waiting import wait_for_value, wait_until
+from tests.support.harness.supercluster import RegionServer
+from tests.support.waiting import wait_for_value, wait_until
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 DEADLINE_S = 60.0

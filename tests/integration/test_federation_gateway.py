@@ -31,8 +31,8 @@ from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
 from metalguard.demo.run import WorkloadFleet
-from tests.integration.supercluster import RegionServer, free_port
-from tests.waiting import wait_for_value
+from tests.support.harness.supercluster import RegionServer, free_port
+from tests.support.waiting import wait_for_value
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the simulated fleet runs its members as Linux processes"

@@ -21,7 +21,7 @@ from metalguard.controller.jobs.spec import JobRejectedError, NotLeaderError
 from metalguard.controller.jobs.store import JobExistsError, JobStore
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 INTERVAL_S = 0.2
 DEADLINE_S = 10.0

@@ -25,7 +25,7 @@ from metalguard.proto.codec import decode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 REGION, CLUSTER = "r1", "c1"
 RACKS, PER_RACK = 5, 10  # 50 nodes in one cluster: the rail allows 5 isolations an hour

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agent_proc import METALGUARD
+from tests.support.harness.agent_proc import METALGUARD
 
 DEAD_API = "http://127.0.0.1:9"
 """Nothing listens there: a job file must be refused before any request."""

@@ -1,5 +1,5 @@
 """The listeners tests/integration/test_fuzz_subjects.py does not cover, fed the same bad
-messages (tests/integration/garbage.py) between valid ones on the session nats-server
+messages (tests/support/harness/garbage.py) between valid ones on the session nats-server
 (issue 16, item 5): the bmc-proxy's BMC verbs on ``<p>.cmd.<r>.<c>.<n>.bmc_*`` (against
 the Redfish emulator), the job manager's ``<p>.evt.<r>.*.*.*`` job events, and the two
 readers of the control stream ``<p>.ctl.<r>.>`` (the events API's source and the Slurm
@@ -38,18 +38,18 @@ from metalguard.proto.jobs import Job, JobStatus, MemberState
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.integration.bmc_client import command_service
-from tests.integration.garbage import bad_messages, oversized
-from tests.integration.redfish_emulator import RunningEmulator
-from tests.integration.slurm_cluster import NODE as SLURM_NODE
-from tests.integration.slurm_cluster import SlurmCluster
-from tests.waiting import wait_for_value, wait_until
+from tests.support.harness.bmc_client import command_service
+from tests.support.harness.garbage import bad_messages, oversized
+from tests.support.harness.redfish_emulator import RunningEmulator
+from tests.support.harness.slurm_cluster import NODE as SLURM_NODE
+from tests.support.harness.slurm_cluster import SlurmCluster
+from tests.support.waiting import wait_for_value, wait_until
 
 DEADLINE_S = 30.0
 REPLY_S = 10.0
 T0 = 1_767_225_600.0
 BMC_NODE = NodeIdentity(region="eu1", cluster="trainA", node="gpu017")
-"""The node of the emulator's target (tests/integration/bmc_client.py)."""
+"""The node of the emulator's target (tests/support/harness/bmc_client.py)."""
 
 
 def batch(node: NodeIdentity) -> TelemetryBatch:
@@ -256,6 +256,7 @@ async def test_the_events_source_skips_bad_messages_and_delivers_every_valid_one
         await unsubscribe()
 
 
+@pytest.mark.xdist_group("slurm")  # its real Slurm: one at a time on the host
 async def test_the_slurm_bridge_acks_bad_messages_and_carries_out_every_valid_one(
     nc: Client, subjects: Subjects, slurm: SlurmCluster
 ) -> None:

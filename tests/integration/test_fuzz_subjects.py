@@ -51,8 +51,8 @@ from metalguard.proto.jobs import Job
 from metalguard.proto.qos import QosProfile
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.integration.garbage import bad_messages, oversized
-from tests.waiting import wait_for_value, wait_until
+from tests.support.harness.garbage import bad_messages, oversized
+from tests.support.waiting import wait_for_value, wait_until
 
 REGION = "r1"
 DEADLINE_S = 30.0

@@ -31,9 +31,9 @@ from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.integration.ha_leases import MARGIN_S, POLL_S, RENEW_S, TTL_S
-from tests.unit.scoring_helpers import dimm_mc
-from tests.waiting import wait_for_line, wait_for_value, wait_until
+from tests.support.harness.ha_leases import MARGIN_S, POLL_S, RENEW_S, TTL_S
+from tests.support.scoring_helpers import dimm_mc
+from tests.support.waiting import wait_for_line, wait_for_value, wait_until
 
 INTERVAL_S = 0.5
 NODES = ("n1", "n2", "n3", "n4")

@@ -23,9 +23,9 @@ from metalguard.demo.run import WorkloadFleet
 from metalguard.proto.codec import decode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.subjects import Subjects
-from tests.integration.ha_leases import MARGIN_S, POLL_S, RENEW_S, TTL_S
-from tests.integration.supercluster import free_port
-from tests.waiting import wait_for_value, wait_until
+from tests.support.harness.ha_leases import MARGIN_S, POLL_S, RENEW_S, TTL_S
+from tests.support.harness.supercluster import free_port
+from tests.support.waiting import wait_for_value, wait_until
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the simulated fleet runs its members as Linux processes"

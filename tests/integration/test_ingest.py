@@ -34,7 +34,7 @@ from metalguard.proto.codec import encode
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.waiting import wait_for_value, wait_until
+from tests.support.waiting import wait_for_value, wait_until
 
 REGION = "eu-west"
 DEADLINE_S = 10.0

@@ -39,7 +39,7 @@ from metalguard.proto.telemetry import (
     TelemetryBatch,
     Temperature,
 )
-from tests.conftest import drop_streams
+from tests.support.harness.private_streams import drop_streams
 
 FETCH_TIMEOUT_S = 5.0
 """Deadline for a message that is already in the stream to be delivered."""

@@ -26,9 +26,9 @@ from metalguard.controller.jobs.manager import JobManager
 from metalguard.controller.jobs.store import JobStore
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
-from tests.clock import ManualClock
-from tests.integration.api_env import ADMIN_TOKEN, READ_TOKEN, api_env
-from tests.waiting import wait_for_line
+from tests.support.clock import ManualClock
+from tests.support.harness.api_env import ADMIN_TOKEN, READ_TOKEN, api_env
+from tests.support.waiting import wait_for_line
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 READ = {"Authorization": f"Bearer {READ_TOKEN}"}

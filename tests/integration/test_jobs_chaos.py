@@ -23,8 +23,8 @@ from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import Command, CommandReply
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, JobStatus
 from metalguard.proto.subjects import Subjects
-from tests.integration.jobs_env import REGION, JobsEnv, expected_digest, jobs_env
-from tests.waiting import wait_until
+from tests.support.harness.jobs_env import REGION, JobsEnv, expected_digest, jobs_env
+from tests.support.waiting import wait_until
 
 SEED = 6
 FAULTS = 50

@@ -19,10 +19,10 @@ from metalguard.proto.events import Command, CommandReply, CommandStatus
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import DatasetCache, TelemetryBatch
 from metalguard.proto.topology import NodeTopology
-from tests.clock import T0
-from tests.integration.api_env import ApiEnv, api_env
-from tests.unit.scoring_helpers import dimm_mc
-from tests.waiting import wait_until
+from tests.support.clock import T0
+from tests.support.harness.api_env import ApiEnv, api_env
+from tests.support.scoring_helpers import dimm_mc
+from tests.support.waiting import wait_until
 
 RACKS = ("a", "b", "c")
 WARM_RACK = "b"

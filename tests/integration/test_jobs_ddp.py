@@ -15,8 +15,9 @@ from nats.aio.client import Client
 
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
 from metalguard.proto.subjects import Subjects
-from tests.integration.jobs_env import ROOT, JobsEnv, jobs_env
-from tests.waiting import wait_until
+from tests.support import ROOT
+from tests.support.harness.jobs_env import JobsEnv, jobs_env
+from tests.support.waiting import wait_until
 
 if importlib.util.find_spec("torch") is None:
     pytest.skip(

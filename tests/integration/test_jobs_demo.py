@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.jobs_env import ROOT, expected_digest
+from tests.support import ROOT
+from tests.support.harness.jobs_env import expected_digest
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 STEPS = 100

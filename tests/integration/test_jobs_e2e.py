@@ -20,8 +20,8 @@ from nats.aio.client import Client
 from metalguard.controller.jobs.store import JobStore
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, JobStatus
 from metalguard.proto.subjects import Subjects
-from tests.integration.jobs_env import JobsEnv, expected_digest, jobs_env
-from tests.waiting import wait_until
+from tests.support.harness.jobs_env import JobsEnv, expected_digest, jobs_env
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

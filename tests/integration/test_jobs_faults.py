@@ -14,8 +14,8 @@ from nats.aio.client import Client
 
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
 from metalguard.proto.subjects import Subjects
-from tests.integration.jobs_env import JobsEnv, expected_digest, jobs_env
-from tests.waiting import wait_until
+from tests.support.harness.jobs_env import JobsEnv, expected_digest, jobs_env
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from metalguard.demo.sim.faults import Applied, LinkFlap, PortDown
 from metalguard.demo.sim.tree import port_name
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
 from metalguard.proto.subjects import Subjects
-from tests.integration.jobs_env import JobsEnv, expected_digest, jobs_env
-from tests.waiting import wait_until
+from tests.support.harness.jobs_env import JobsEnv, expected_digest, jobs_env
+from tests.support.waiting import wait_until
 
 STEPS = 1000
 """At 0.03 s a step: ~30 s of work, long enough to flap the port (each phase waits for

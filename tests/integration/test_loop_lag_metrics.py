@@ -13,9 +13,9 @@ import pytest
 
 from metalguard.agent.config import ConfigError, parse_config
 from metalguard.proto.subjects import Subjects
-from tests.integration.agent_proc import AgentProcess, write_agent_config
-from tests.integration.controller_proc import controller_toml, running_controller, stop_cleanly
-from tests.waiting import wait_for_line, wait_for_value
+from tests.support.harness.agent_proc import AgentProcess, write_agent_config
+from tests.support.harness.controller_proc import controller_toml, running_controller, stop_cleanly
+from tests.support.waiting import wait_for_line, wait_for_value
 
 DEADLINE_S = 30.0
 LAG = "metalguard_event_loop_lag_seconds "

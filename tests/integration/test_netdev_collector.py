@@ -21,7 +21,7 @@ from metalguard.agent.collectors.netdev import NetdevCollector
 from metalguard.controller.core.scoring.engine import assess
 from metalguard.proto.codec import decode_json
 from metalguard.proto.telemetry import NetInterface, TelemetryBatch
-from tests.unit.ethtool_samples import MLX5
+from tests.support.ethtool_samples import MLX5
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 

@@ -21,8 +21,8 @@ from nats.aio.client import Client
 from metalguard.controller.api.app import make_app
 from metalguard.controller.api.events import HUB
 from metalguard.proto.subjects import Subjects
-from tests.integration.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
-from tests.waiting import wait_for_line, wait_until
+from tests.support.harness.api_env import ADMIN_TOKEN, FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
+from tests.support.waiting import wait_for_line, wait_until
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 DEADLINE_S = 20.0

@@ -28,9 +28,10 @@ from typing import Any
 import pytest
 
 from metalguard.demo.report import report_ok
-from tests.integration.supercluster import free_port
+from tests.support.harness.supercluster import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# One worker builds the wheel and its venv once for the module (module-scoped fixtures).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("packaging")]
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_SOURCES = shutil.ignore_patterns(

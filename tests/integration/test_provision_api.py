@@ -27,8 +27,8 @@ from metalguard.demo.sim.provision import SimProvisioning, sim_mac
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.integration.api_env import ADMIN_TOKEN, READ_TOKEN, ApiEnv, api_env
-from tests.waiting import wait_for_value
+from tests.support.harness.api_env import ADMIN_TOKEN, READ_TOKEN, ApiEnv, api_env
+from tests.support.waiting import wait_for_value
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 READ = {"Authorization": f"Bearer {READ_TOKEN}"}

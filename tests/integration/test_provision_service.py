@@ -1,4 +1,4 @@
-"""The provisioning service with real parts and no VM (tests/integration/provision_env.py):
+"""The provisioning service with real parts and no VM (tests/support/harness/provision_env.py):
 a real nats-server, the real bmc-proxy in front of Redfish emulators, E's real storage
 (qemu-img overlays, qemu-storage-daemon NBD exports), the boot server over HTTP; the
 "guest" is the test, posting the ready report once the emulator recorded the network
@@ -21,14 +21,14 @@ from metalguard.controller.provision.manager import ProvisionError
 from metalguard.controller.provision.storage import QemuStorage
 from metalguard.proto.provision import InstanceRequest
 from metalguard.proto.subjects import Subjects
-from tests.integration.provision_env import (
+from tests.support.harness.provision_env import (
     NO_BMC,
     NO_RECORD,
     ProvisionEnv,
     free_port,
     missing_tools,
 )
-from tests.waiting import wait_for_line, wait_until
+from tests.support.waiting import wait_for_line, wait_until
 
 N1, N2, N3 = "r1.c1.n01", "r1.c1.n02", "r1.c1.n03"
 METALGUARD = Path(sys.executable).parent / "metalguard"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from metalguard.controller.provision.storage import QemuStorage, StorageError
-from tests.integration import nbd_client
-from tests.waiting import wait_for_value, wait_until
+from tests.support.harness import nbd_client
+from tests.support.waiting import wait_for_value, wait_until
 
 TOOLS = ("qemu-img", "qemu-storage-daemon", "mke2fs")
 MISSING = [t for t in TOOLS if shutil.which(t) is None]

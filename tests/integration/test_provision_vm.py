@@ -2,7 +2,7 @@
 tenants' data kept apart (issue 17's "A real boot in the tests").
 
 One QEMU node (TCG) behind its Redfish BMC and a bmc-proxy on real NATS, and the
-region's real provisioning (tests/integration/provision_cluster.py): the service's
+region's real provisioning (tests/support/harness/provision_cluster.py): the service's
 request goes to the BMC (the Redfish PATCH of the Pxe boot override, then the reset), the
 VM boots iPXE -> the boot server's script -> Debian's cloud kernel and the initramfs built
 here -> its tenant's volume over NBD from the qemu-storage-daemon -> the image's init,
@@ -25,11 +25,11 @@ import pytest
 
 from metalguard.proto.provision import InstanceRequest
 from metalguard.proto.subjects import Subjects
-from tests.integration import provision_cluster, provision_vm, rxe_kernel
-from tests.integration.provision_cluster import VmCluster, node_handle
-from tests.integration.redfish_emulator import Certificate
+from tests.support.harness import provision_cluster, provision_vm, rxe_kernel
+from tests.support.harness.provision_cluster import VmCluster, node_handle
+from tests.support.harness.redfish_emulator import Certificate
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("vm")]
 
 BOOT_TIMEOUT_S = 240.0
 """One network boot to the ready report (~11-20 s under TCG on 2 loaded cores)."""

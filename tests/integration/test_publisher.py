@@ -31,7 +31,7 @@ from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import DEFAULT_SUBJECTS
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 OUTAGE_S = 30.0
 """How long the server is down in the acceptance test (the issue's criterion)."""

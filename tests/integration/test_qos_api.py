@@ -21,7 +21,7 @@ from metalguard.controller.qos import QosStore
 from metalguard.proto.qos import decode_profile
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import NetInterface, TcClassStats, TelemetryBatch
-from tests.integration.api_env import ADMIN_TOKEN, READ_TOKEN, api_env, batch
+from tests.support.harness.api_env import ADMIN_TOKEN, READ_TOKEN, api_env, batch
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 READ = {"Authorization": f"Bearer {READ_TOKEN}"}

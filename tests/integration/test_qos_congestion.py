@@ -24,9 +24,9 @@ from metalguard.proto.codec import encode
 from metalguard.proto.qos import decode_profile
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import NetInterface, QosInterfaceStatus, RdmaPort, TelemetryBatch
-from tests.clock import T0, ManualClock
-from tests.integration.api_env import READ_TOKEN
-from tests.waiting import wait_for_value
+from tests.support.clock import T0, ManualClock
+from tests.support.harness.api_env import READ_TOKEN
+from tests.support.waiting import wait_for_value
 
 INTERVAL = 10.0
 DEADLINE_S = 15.0

@@ -20,7 +20,7 @@ from metalguard.proto.events import NodeEvent
 from metalguard.proto.qos import decode_profile
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 IFNAME = "ens1f0np0"
 WAIT_S = 20.0

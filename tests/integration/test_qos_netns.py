@@ -11,7 +11,7 @@ from metalguard.agent.qos import tc_backend
 from metalguard.agent.qos.apply import QosTarget, apply_plan, verify
 from metalguard.agent.qos.plan import InterfaceInfo, plan_interface
 from metalguard.proto.qos import QosProfile, decode_profile
-from tests.integration.qos_netns import (
+from tests.support.harness.qos_netns import (
     DEFAULT_CLASS,
     TRAINING_CLASS,
     VethPair,

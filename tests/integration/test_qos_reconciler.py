@@ -15,8 +15,8 @@ from metalguard.agent.qos.reconciler import QosReconciler
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.qos import QosProfile, decode_profile
-from tests.clock import ManualClock
-from tests.integration.qos_netns import (
+from tests.support.clock import ManualClock
+from tests.support.harness.qos_netns import (
     TRAINING_CLASS,
     VethPair,
     needs_root,

@@ -15,7 +15,7 @@ from metalguard.proto.codec import encode
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.qos import QosProfile, decode_profile
 from metalguard.proto.subjects import Subjects
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
 

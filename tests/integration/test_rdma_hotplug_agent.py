@@ -21,8 +21,8 @@ from metalguard.proto.codec import decode
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.unit.rdma_trees import ROCE, write_device
-from tests.unit.uevent_monitor import SocketMonitor
+from tests.support.rdma_trees import ROCE, write_device
+from tests.support.uevent_monitor import SocketMonitor
 
 WAIT_S = 10.0
 DEVPATH = "/devices/pci0000:00/0000:3c:00.0/infiniband/mlx5_1"

@@ -1,4 +1,4 @@
-"""The rdma collector on a real Soft-RoCE device: a QEMU VM (tests/integration/rxe_vm.py)
+"""The rdma collector on a real Soft-RoCE device: a QEMU VM (tests/support/harness/rxe_vm.py)
 makes rxe0, runs ibv_rc_pingpong on it and sends its sysfs files three times — idle, after
 a pingpong, during an endless one — and the collector's scan reads each tree here.
 
@@ -17,12 +17,12 @@ import pytest
 from metalguard.agent.collectors.rdma import scan_rdma
 from metalguard.agent.sysfs import SysfsReader
 from metalguard.proto.telemetry import RdmaPort
-from tests.integration import rxe_kernel, rxe_vm
+from tests.support.harness import rxe_kernel, rxe_vm
 
 ITERATIONS = 300
 """Round trips of the first pingpong: each side sends one message per round trip."""
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("vm")]
 
 
 def _vm_run(tmp_path: Path) -> rxe_vm.VmRun:

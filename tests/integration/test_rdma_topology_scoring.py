@@ -13,7 +13,7 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import RdmaPort, TelemetryBatch
 from metalguard.proto.topology import NodeTopology
-from tests.clock import T0, ManualClock
+from tests.support.clock import T0, ManualClock
 
 
 async def test_config_forced_rdma_ports_are_judged(nc: Client, subjects: Subjects) -> None:

@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# A deadline for a hang, not a speed check: a bench child on a busy host takes minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "region_bench.py"
 
 

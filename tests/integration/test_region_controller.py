@@ -23,9 +23,9 @@ from metalguard.proto.events import ControllerEvent, NodeEvent
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import BmcReading, TelemetryBatch
-from tests.clock import T0, ManualClock
-from tests.unit.scoring_helpers import DIMM_LABEL, dimm_mc
-from tests.waiting import wait_for_line, wait_for_value
+from tests.support.clock import T0, ManualClock
+from tests.support.scoring_helpers import DIMM_LABEL, dimm_mc
+from tests.support.waiting import wait_for_line, wait_for_value
 
 INTERVAL = 5.0
 METALGUARD = Path(sys.executable).parent / "metalguard"

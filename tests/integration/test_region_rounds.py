@@ -23,8 +23,8 @@ from metalguard.proto.events import ControllerEvent, NodeEvent
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.clock import T0, ManualClock
-from tests.unit.scoring_helpers import dimm_mc
+from tests.support.clock import T0, ManualClock
+from tests.support.scoring_helpers import dimm_mc
 
 INTERVAL = 5.0
 NODES = 40

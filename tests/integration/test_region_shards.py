@@ -21,8 +21,8 @@ from nats.js import JetStreamContext
 
 from metalguard.controller.broker.cluster import NatsCluster
 from metalguard.proto.subjects import Subjects
-from tests.integration.ha_leases import TTL_S
-from tests.integration.region_cluster import (
+from tests.support.harness.ha_leases import TTL_S
+from tests.support.harness.region_cluster import (
     REGION,
     Fleet,
     ShardProc,
@@ -36,7 +36,7 @@ from tests.integration.region_cluster import (
     start_shard,
     stream_messages,
 )
-from tests.waiting import wait_for_value
+from tests.support.waiting import wait_for_value
 
 DEADLINE_S = 30.0
 GROUPS = {"s0": ["c0"], "s1": ["c1"]}

@@ -34,8 +34,8 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import encode
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.unit.scoring_helpers import dimm_mc
-from tests.waiting import wait_until
+from tests.support.scoring_helpers import dimm_mc
+from tests.support.waiting import wait_until
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 S = Subjects("mg")

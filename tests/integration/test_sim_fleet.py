@@ -14,7 +14,7 @@ from metalguard.controller.state.store import NodeStore
 from metalguard.demo.sim.fleet import SimFleet
 from metalguard.demo.sim.scenario import parse_scenario
 from metalguard.proto.subjects import Subjects
-from tests.waiting import wait_for_value, wait_until
+from tests.support.waiting import wait_for_value, wait_until
 
 
 async def batches_per_node(nc: Client, subjects: Subjects) -> dict[str, int]:

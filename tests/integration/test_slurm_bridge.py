@@ -1,4 +1,4 @@
-"""The Slurm bridge against a real Slurm (tests/integration/slurm_cluster.py), a real
+"""The Slurm bridge against a real Slurm (tests/support/harness/slurm_cluster.py), a real
 RegionController and its HTTP API over the session nats-server.
 
 A requeueable job runs examples/trainer.py on mgnode1; an uncorrectable ECC error fed to
@@ -30,9 +30,12 @@ from metalguard.controller.slurm.tools import SlurmTools
 from metalguard.proto.codec import decode
 from metalguard.proto.events import ControllerEvent, NodeEvent
 from metalguard.proto.subjects import Subjects
-from tests.integration.api_env import ADMIN_TOKEN, ApiEnv, api_env, batch
-from tests.integration.slurm_cluster import DEAD_NODE, NODE, SlurmCluster
-from tests.waiting import wait_for_value, wait_until
+from tests.support.harness.api_env import ADMIN_TOKEN, ApiEnv, api_env, batch
+from tests.support.harness.slurm_cluster import DEAD_NODE, NODE, SlurmCluster
+from tests.support.waiting import wait_for_value, wait_until
+
+# One real Slurm (munged, slurmctld, slurmd) on the host at a time.
+pytestmark = pytest.mark.xdist_group("slurm")
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "examples" / "trainer.py"

@@ -18,7 +18,7 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.subjects import Subjects
-from tests.waiting import wait_for_line, wait_for_value
+from tests.support.waiting import wait_for_line, wait_for_value
 
 DEADLINE_S = 10.0
 METALGUARD = Path(sys.executable).parent / "metalguard"

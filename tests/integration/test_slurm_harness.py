@@ -1,16 +1,21 @@
-"""The one-node Slurm of tests/integration/slurm_cluster.py runs a batch job, and the
+"""The one-node Slurm of tests/support/harness/slurm_cluster.py runs a batch job, and the
 fallback parsers (no ``--json``) read this Slurm's text as its JSON."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
+
 from metalguard.controller.slurm.parse import (
     SQUEUE_TEXT_FORMAT,
     parse_scontrol_nodes,
     parse_squeue_text,
 )
-from tests.integration.slurm_cluster import DEAD_NODE, NODE, START_DEADLINE_S, SlurmCluster
+from tests.support.harness.slurm_cluster import DEAD_NODE, NODE, START_DEADLINE_S, SlurmCluster
+
+# One real Slurm (munged, slurmctld, slurmd) on the host at a time.
+pytestmark = pytest.mark.xdist_group("slurm")
 
 
 def test_the_one_node_cluster_runs_a_batch_job(slurm: SlurmCluster) -> None:

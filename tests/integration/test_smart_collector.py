@@ -16,8 +16,8 @@ from metalguard.agent.collectors.base import REGISTRY, CollectorSettings, run_gu
 from metalguard.agent.collectors.smart import ProcessResult, SmartCollector, SmartctlError
 from metalguard.agent.collectors.smart_parse import ScanEntry
 from metalguard.proto.telemetry import SmartDevice
-from tests.conftest import FIXTURES
-from tests.waiting import wait_until
+from tests.support import FIXTURES
+from tests.support.waiting import wait_until
 
 SMARTCTL = FIXTURES / "smartctl"
 SEAGATE_ATA = SMARTCTL / "smartctl_exporter__ST3500418AS_12.json"

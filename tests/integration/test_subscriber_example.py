@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tests.waiting import wait_for_line
+from tests.support.waiting import wait_for_line
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "subscriber.py"

@@ -29,7 +29,7 @@ from metalguard.controller.config import HttpSection, NatsSection
 from metalguard.controller.leader import Leadership
 from metalguard.controller.service import connect_options
 from metalguard.proto.subjects import Subjects
-from tests.integration.api_env import ADMIN_TOKEN, FLEET, READ_TOKEN, api_env
+from tests.support.harness.api_env import ADMIN_TOKEN, FLEET, READ_TOKEN, api_env
 
 DEADLINE_S = 10.0
 

@@ -16,7 +16,7 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
 from metalguard.proto.topology import NodeTopology
-from tests.clock import T0, ManualClock
+from tests.support.clock import T0, ManualClock
 
 
 async def test_batches_feed_the_view_and_the_config_overrides(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from examples import trainer
-from tests.waiting import wait_for_line
+from tests.support.waiting import wait_for_line
 
 TRAINER = str(Path(__file__).parents[2] / "examples" / "trainer.py")
 

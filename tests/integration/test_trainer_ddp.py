@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.waiting import wait_for_line
+from tests.support.waiting import wait_for_line
 
 if importlib.util.find_spec("torch") is None:
     pytest.skip(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.twin_report_keys import REPORT_KEYS
+from tests.support.twin_report_keys import REPORT_KEYS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = ["--nodes", "16", "--days", "2", "--failure-rate", "0.05", "--gangs", "gangs.toml"]

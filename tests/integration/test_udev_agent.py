@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from metalguard.proto.codec import decode
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import Subjects
-from tests.integration.agent_proc import AgentProcess, NotifySocket, write_agent_config
+from tests.support.harness.agent_proc import AgentProcess, NotifySocket, write_agent_config
 
 DEADLINE_S = 2.0
 

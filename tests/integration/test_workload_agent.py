@@ -25,8 +25,8 @@ from metalguard.proto.base import AttrValue, NodeIdentity
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import Command, CommandReply, NodeEvent
 from metalguard.proto.subjects import Subjects
-from tests.integration.agent_proc import AgentProcess, write_agent_config
-from tests.waiting import wait_for_value, wait_until
+from tests.support.harness.agent_proc import AgentProcess, write_agent_config
+from tests.support.waiting import wait_for_value, wait_until
 
 TRAINER = str(Path(__file__).parents[2] / "examples" / "trainer.py")
 PYTHON = sys.executable

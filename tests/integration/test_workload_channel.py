@@ -11,7 +11,7 @@ import pytest
 
 from metalguard.agent.workload import client
 from metalguard.agent.workload.channel import Channel, ChannelPeer
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 async def test_client_library_speaks_to_the_agent_socket(

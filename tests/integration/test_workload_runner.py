@@ -13,7 +13,7 @@ from examples import trainer
 from metalguard.agent.workload.runner import LaunchSpec, Runner, RunnerSettings
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 ME = NodeIdentity(region="r1", cluster="c1", node="n1")
 TRAINER = str(Path(__file__).parents[2] / "examples" / "trainer.py")

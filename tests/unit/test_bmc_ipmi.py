@@ -8,7 +8,7 @@ import pytest
 
 from metalguard.agent.bmc import ipmi
 from metalguard.proto.telemetry import BmcSensor
-from tests.conftest import FIXTURES
+from tests.support import FIXTURES
 
 BMC = FIXTURES / "bmc"
 NOISE = "Unable to send command: Invalid argument"

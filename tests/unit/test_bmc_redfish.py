@@ -8,7 +8,7 @@ from typing import Any
 from metalguard.agent.bmc import redfish
 from metalguard.agent.bmc.targets import BmcTarget
 from metalguard.proto.telemetry import BmcSensor
-from tests.conftest import FIXTURES
+from tests.support import FIXTURES
 
 MOCKUP = FIXTURES / "redfish" / "public-rackmount1" / "redfish" / "v1"
 

@@ -9,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metalguard.agent.cache.pattern import MIN_SAMPLES, WINDOW, PatternDetector
-
-from .cache_traces import sequential_epochs, shuffled_epochs, skewed
+from tests.support.cache_traces import sequential_epochs, shuffled_epochs, skewed
 
 KEYS = [f"train/{i:06d}" for i in range(3000)]
 

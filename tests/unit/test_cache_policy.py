@@ -17,8 +17,13 @@ from metalguard.agent.cache.policy import (
     PinPolicy,
     make_policy,
 )
-
-from .cache_traces import Simulated, dataset, sequential_epochs, shuffled_epochs, skewed
+from tests.support.cache_traces import (
+    Simulated,
+    dataset,
+    sequential_epochs,
+    shuffled_epochs,
+    skewed,
+)
 
 
 def hit_ratio(hits: list[bool]) -> float:

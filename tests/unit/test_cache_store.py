@@ -25,8 +25,8 @@ from metalguard.agent.cache.source import Entry, Source, SourceError, normalize,
 from metalguard.agent.cache.stats import read_stats
 from metalguard.agent.cache.store import CacheStore
 from metalguard.proto.telemetry import DatasetCache
-from tests.clock import ManualClock
-from tests.waiting import wait_until_blocking
+from tests.support.clock import ManualClock
+from tests.support.waiting import wait_until_blocking
 
 DEADLINE_S = 10.0
 

@@ -12,8 +12,8 @@ from metalguard.controller.ingest.consumer import REUSED_SECTIONS
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import CodecError, SectionReuse, decode, encode
 from metalguard.proto.telemetry import EdacController, TelemetryBatch
-from tests.unit.batch_strategies import node_batches
-from tests.unit.scoring_helpers import batch
+from tests.support.batch_strategies import node_batches
+from tests.support.scoring_helpers import batch
 
 
 def canonical_error(data: bytes) -> str:

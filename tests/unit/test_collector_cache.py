@@ -25,7 +25,7 @@ from metalguard.agent.settings import collector_settings
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.telemetry import DatasetCache, TelemetryBatch
-from tests.clock import T0
+from tests.support.clock import T0
 
 GIB = 1024**3
 

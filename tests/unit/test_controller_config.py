@@ -9,7 +9,7 @@ import pytest
 from metalguard.controller.config import ConfigError, load_config, parse_config
 from metalguard.controller.core.lifecycle import LifecycleConfig
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING
-from tests.unit.systemd_units import parse_unit
+from tests.support.systemd_units import parse_unit
 
 ROOT = Path(__file__).parents[2]
 UNIT = ROOT / "systemd" / "metalguard-controller.service"

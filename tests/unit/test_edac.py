@@ -12,8 +12,8 @@ from metalguard.agent.collectors.base import Collected, CollectorSettings, run_g
 from metalguard.agent.collectors.edac import EdacCollector, parse_controller, parse_count
 from metalguard.agent.sysfs import SysfsReader
 from metalguard.proto.telemetry import EdacChannel, EdacController, EdacCsrow, EdacDimm
-from tests.unit.faultyos import FaultyOs
-from tests.unit.promtext import NODE_EXPORTER_SYS, load_expected, series
+from tests.support.faultyos import FaultyOs
+from tests.support.promtext import NODE_EXPORTER_SYS, load_expected, series
 
 MC = "devices/system/edac/mc"
 

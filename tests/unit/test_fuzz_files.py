@@ -30,7 +30,7 @@ from metalguard.controller.slurm.config import load_bridge_config
 from metalguard.demo.sim.scenario import load_scenario
 from metalguard.proto.documents import DocumentError, read_text
 from metalguard.proto.qos import ProfileError, decode_profile
-from tests.unit.document_fuzz import Mutation, example, junk, mutated, toml_text
+from tests.support.document_fuzz import Mutation, example, junk, mutated, toml_text
 
 FUZZ = settings(
     max_examples=60,

@@ -18,7 +18,7 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import NODE_EVENT_KINDS, NodeEvent
 from metalguard.proto.telemetry import GpuDevice, TelemetryBatch
-from tests.unit.fake_nvml import FakeGpu, FakeNvml
+from tests.support.fake_nvml import FakeGpu, FakeNvml
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
 UNCORRECTED, CORRECTED, VOLATILE, AGGREGATE = 1, 0, 0, 1

@@ -21,8 +21,8 @@ from metalguard.agent.collectors.hwmon import (
 )
 from metalguard.agent.sysfs import SysfsReader
 from metalguard.proto.telemetry import Fan, HwmonChip, Temperature
-from tests.unit.faultyos import FaultyOs
-from tests.unit.promtext import NODE_EXPORTER_SYS, load_expected, series
+from tests.support.faultyos import FaultyOs
+from tests.support.promtext import NODE_EXPORTER_SYS, load_expected, series
 
 E2E_CHIP_INCLUDE = re.compile(r"(applesmc|asus_nb_wmi|coretemp|hwmon4|ieee80211|nct6779)")
 """node_exporter's e2e ``--collector.hwmon.chip-include``; it matches anywhere in a label."""

@@ -17,7 +17,7 @@ from metalguard.controller.ingest.settings import (
     shard_of,
 )
 from metalguard.proto.subjects import Subjects
-from tests.clock import ManualClock
+from tests.support.clock import ManualClock
 
 
 def test_filters_cover_the_region_or_the_owned_clusters() -> None:

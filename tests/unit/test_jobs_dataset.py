@@ -17,7 +17,7 @@ from metalguard.controller.cli.jobs import add_jobs_parser, job_document
 from metalguard.controller.jobs import machine as m
 from metalguard.controller.jobs.spec import DATASET_PATTERN, JobRejectedError, parse_job
 from metalguard.proto.jobs import Job
-from tests.clock import T0
+from tests.support.clock import T0
 
 NAMES_OK = ["imagenet", "a", "ImageNet-1k_v2.train", "0", "x" * 64]
 NAMES_BAD = [".hidden", "-x", "_x", "a b", "a/b", "x" * 65, "ü", "a\n", "a*"]

@@ -13,7 +13,7 @@ from metalguard.controller.jobs.manager import event_generation, observe
 from metalguard.proto.base import AttrValue, NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.jobs import Job, JobStatus
-from tests.clock import T0
+from tests.support.clock import T0
 
 NODES = ("r.c.n1", "r.c.n2")
 HEALTHY = dict.fromkeys(NODES, "HEALTHY")

@@ -14,7 +14,7 @@ from metalguard.controller.jobs.spec import JobRejectedError, parse_job
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import CommandReply
 from metalguard.proto.jobs import JOB_EVENT_KINDS, CheckpointRef, Job, JobStatus
-from tests.clock import T0
+from tests.support.clock import T0
 
 NODES = ("r.c.n1", "r.c.n2")
 HEALTHY = {"r.c.n1": "HEALTHY", "r.c.n2": "HEALTHY", "r.c.n3": "HEALTHY", "r.c.n4": "HEALTHY"}

@@ -14,7 +14,7 @@ from metalguard.agent.workload.reports import refusal
 from metalguard.controller.jobs import machine as m
 from metalguard.proto.events import CommandReply
 from metalguard.proto.jobs import Job, JobStatus
-from tests.clock import T0
+from tests.support.clock import T0
 
 NODES = ("r.c.n1", "r.c.n2")
 HEALTHY = {n: "HEALTHY" for n in NODES}

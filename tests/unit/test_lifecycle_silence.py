@@ -13,7 +13,7 @@ from metalguard.controller.core.lifecycle import LifecycleConfig, check_silence,
 from metalguard.controller.core.receiving import Intake, heard, stalled
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.nodes import Grade, NodeRecord
-from tests.clock import T0
+from tests.support.clock import T0
 
 CFG = LifecycleConfig()
 

@@ -27,7 +27,7 @@ from metalguard.agent.collectors.netdev_parse import (
     selected,
 )
 from metalguard.proto.telemetry import TcClassStats
-from tests.unit.ethtool_samples import MLX5, VETH
+from tests.support.ethtool_samples import MLX5, VETH
 
 # --- pure -----------------------------------------------------------------------------
 

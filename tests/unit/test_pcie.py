@@ -24,8 +24,9 @@ from metalguard.agent.collectors.pcie import (
 )
 from metalguard.agent.sysfs import SysfsReader
 from metalguard.proto.telemetry import AerCounters, PcieDevice
-from tests.unit.faultyos import FaultyOs
-from tests.unit.promtext import FIXTURES, NODE_EXPORTER_SYS, load_expected, series
+from tests.support import FIXTURES
+from tests.support.faultyos import FaultyOs
+from tests.support.promtext import NODE_EXPORTER_SYS, load_expected, series
 
 KERNEL = FIXTURES / "kernel"
 NVME, BRIDGE, NIC = "0000:01:00.0", "0000:00:02.1", "0000:45:00.0"

@@ -13,7 +13,7 @@ from metalguard.controller.core.congestion import (
 )
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.telemetry import NetInterface, QosInterfaceStatus, RdmaPort, TelemetryBatch
-from tests.clock import T0
+from tests.support.clock import T0
 
 INTERVAL = 10.0
 

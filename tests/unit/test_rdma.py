@@ -31,9 +31,9 @@ from metalguard.agent.sysfs import OsCalls, SysfsReader
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.telemetry import RdmaPort, TelemetryBatch
-from tests.unit.faultyos import FaultyOs
-from tests.unit.promtext import NODE_EXPORTER_SYS, Labels, load_expected
-from tests.unit.rdma_trees import ROCE, Port, write_device, write_port
+from tests.support.faultyos import FaultyOs
+from tests.support.promtext import NODE_EXPORTER_SYS, Labels, load_expected
+from tests.support.rdma_trees import ROCE, Port, write_device, write_port
 
 PREFIX = "node_infiniband_"
 

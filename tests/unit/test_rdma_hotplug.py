@@ -15,8 +15,8 @@ from metalguard.agent.collectors.udev import REFRESH, refresh_for, uevent_event
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.telemetry import RdmaPort
-from tests.clock import ManualClock
-from tests.unit.rdma_trees import ROCE, write_device
+from tests.support.clock import ManualClock
+from tests.support.rdma_trees import ROCE, write_device
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
 DEVPATH = "/devices/pci0000:00/0000:3c:00.0/infiniband/mlx5_1"

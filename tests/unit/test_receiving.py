@@ -17,7 +17,7 @@ from metalguard.controller.core.receiving import (
     silence_s,
     stalled,
 )
-from tests.clock import T0
+from tests.support.clock import T0
 
 Evidence = tuple[float, int | None]
 """(seconds after T0, pending)."""

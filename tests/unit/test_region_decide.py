@@ -22,7 +22,7 @@ from metalguard.proto.base import NodeIdentity, Reason
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.unit.scoring_helpers import dimm_mc
+from tests.support.scoring_helpers import dimm_mc
 
 CFG = LifecycleConfig()
 T0 = 1_800_000_000.0

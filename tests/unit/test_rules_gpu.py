@@ -1,6 +1,6 @@
 """GPU rules (controller/rules/gpu.py) over NVML-shaped readings.
 
-``GPU_CASES`` (tests/unit/rule_cases.py) also feeds the table of tests/unit/test_scoring.py
+``GPU_CASES`` (tests/support/rule_cases.py) also feeds the table of tests/unit/test_scoring.py
 (every rule fires and stays silent there).
 """
 
@@ -10,8 +10,8 @@ import pytest
 
 from metalguard.controller.core.rules.gpu import counters
 from metalguard.proto.telemetry import GpuDevice
-from tests.unit.rule_cases import GPU_CASES, gpu, links, one
-from tests.unit.scoring_helpers import Step, batch, by_rule, run
+from tests.support.rule_cases import GPU_CASES, gpu, links, one
+from tests.support.scoring_helpers import Step, batch, by_rule, run
 
 
 @pytest.mark.parametrize(

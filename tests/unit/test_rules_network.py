@@ -1,7 +1,7 @@
 """Network rules (controller/rules/network.py): rates at their thresholds, lossless classes,
 resets, and the network component on the node page's reasons.
 
-``NETWORK_CASES`` (tests/unit/rule_cases.py) also feeds the table of
+``NETWORK_CASES`` (tests/support/rule_cases.py) also feeds the table of
 tests/unit/test_scoring.py (every rule fires and stays silent there).
 """
 
@@ -12,8 +12,8 @@ import pytest
 from metalguard.controller.core.rules.network import counters
 from metalguard.controller.core.scoring.config import parse_scoring_config
 from metalguard.proto.telemetry import TcClassStats
-from tests.unit.rule_cases import NETWORK_CASES, lossless, nic, steps
-from tests.unit.scoring_helpers import Step, batch, by_rule, run
+from tests.support.rule_cases import NETWORK_CASES, lossless, nic, steps
+from tests.support.scoring_helpers import Step, batch, by_rule, run
 
 
 @pytest.mark.parametrize(

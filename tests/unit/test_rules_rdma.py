@@ -2,7 +2,7 @@
 ports, flaps, physical errors, RoCE retransmissions, rates, saturated counters and resets.
 
 Time is injected through ``batch.ts`` (offsets from T0). ``RDMA_CASES``
-(tests/unit/rule_cases.py) also feeds the table of tests/unit/test_scoring.py.
+(tests/support/rule_cases.py) also feeds the table of tests/unit/test_scoring.py.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from metalguard.controller.core.topology import (
 )
 from metalguard.proto.telemetry import CollectorError, CollectorRun, RdmaPort
 from metalguard.proto.topology import NodeTopology
-from tests.unit.rule_cases import RDMA_CASES, cabled, down, hca, rdma_steps
-from tests.unit.scoring_helpers import NODE, Step, batch, by_rule, run
+from tests.support.rule_cases import RDMA_CASES, cabled, down, hca, rdma_steps
+from tests.support.scoring_helpers import NODE, Step, batch, by_rule, run
 
 PORT_DOWN = DEFAULT_SCORING.rules.rdma_port_down
 RDMA_OK = CollectorRun(collector="rdma", duration_s=0.01, success=True)

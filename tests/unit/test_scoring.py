@@ -12,8 +12,8 @@ import pytest
 from metalguard.controller.core.rules.disks import GROWTH_RULES
 from metalguard.controller.core.scoring.config import RULE_KEYS, Severity
 from metalguard.proto.telemetry import CollectorError, CollectorRun, EdacController, EdacCsrow
-from tests.unit.rule_cases import GPU_CASES, NETWORK_CASES, RDMA_CASES
-from tests.unit.scoring_helpers import (
+from tests.support.rule_cases import GPU_CASES, NETWORK_CASES, RDMA_CASES
+from tests.support.scoring_helpers import (
     DIMM_LABEL,
     Step,
     bmc,

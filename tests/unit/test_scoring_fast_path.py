@@ -23,8 +23,8 @@ from metalguard.controller.core.scoring.engine import (
 )
 from metalguard.controller.core.scoring.signals import fingerprint, observe
 from metalguard.proto.telemetry import EdacController, EdacDimm, TelemetryBatch
-from tests.unit.batch_strategies import node_batches
-from tests.unit.scoring_helpers import batch
+from tests.support.batch_strategies import node_batches
+from tests.support.scoring_helpers import batch
 
 RETENTION_S = DEFAULT_SCORING.retention_s()
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from metalguard.controller.core.scoring.config import parse_scoring_config
 from metalguard.controller.core.scoring.engine import NodeSignals
 from metalguard.controller.core.scoring.signals import observe
-from tests.unit.scoring_helpers import T0, by_rule, dimm_mc, pci, run
+from tests.support.scoring_helpers import T0, by_rule, dimm_mc, pci, run
 
 CE = "edac.mc0.dimm0.ce"
 

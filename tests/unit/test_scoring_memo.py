@@ -25,8 +25,8 @@ from metalguard.controller.core.scoring.engine import (
 from metalguard.controller.core.scoring.signals import observe
 from metalguard.controller.ingest.consumer import REUSED_SECTIONS
 from metalguard.proto.telemetry import EdacController, EdacDimm, TelemetryBatch
-from tests.unit.batch_strategies import node_batches
-from tests.unit.scoring_helpers import batch, pci
+from tests.support.batch_strategies import node_batches
+from tests.support.scoring_helpers import batch, pci
 
 RETENTION_S = DEFAULT_SCORING.retention_s()
 

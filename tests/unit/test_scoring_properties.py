@@ -30,8 +30,8 @@ from metalguard.proto.telemetry import (
     TelemetryBatch,
     Temperature,
 )
-from tests.unit.batch_strategies import batches
-from tests.unit.scoring_helpers import T0
+from tests.support.batch_strategies import batches
+from tests.support.scoring_helpers import T0
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 GRADE_RANK = {"HEALTHY": 0, "SUB_HEALTHY": 1, "FAILING": 2}

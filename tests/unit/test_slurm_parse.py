@@ -1,5 +1,5 @@
 """Parsing what Slurm 22.05's own tools print (tests/fixtures/slurm, captured from the
-real one-node cluster of tests/integration/slurm_cluster.py)."""
+real one-node cluster of tests/support/harness/slurm_cluster.py)."""
 
 from __future__ import annotations
 

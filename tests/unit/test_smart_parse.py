@@ -31,7 +31,7 @@ from metalguard.agent.collectors.smart_parse import (
     smartctl_args,
 )
 from metalguard.proto.telemetry import SmartDevice
-from tests.conftest import FIXTURES
+from tests.support import FIXTURES
 
 SMARTCTL = FIXTURES / "smartctl"
 ALL_JSON = sorted(SMARTCTL.glob("*.json"))

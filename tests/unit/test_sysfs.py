@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from metalguard.agent.sysfs import ReadStatus, SysfsReader, natural_key
-from tests.unit.faultyos import FaultyOs
-from tests.unit.promtext import NODE_EXPORTER_SYS
+from tests.support.faultyos import FaultyOs
+from tests.support.promtext import NODE_EXPORTER_SYS
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from metalguard.agent.collectors.hwmon import HwmonCollector
 from metalguard.agent.collectors.pcie import DEVICES_DIR, PcieCollector, scan_pcie
 from metalguard.agent.sysfs import SysfsReader, mount_fs_type, on_sysfs, run_scan
 from metalguard.proto.telemetry import CollectorError, PcieDevice
-from tests.unit.faultyos import FaultyOs
-from tests.unit.promtext import NODE_EXPORTER_SYS
+from tests.support.faultyos import FaultyOs
+from tests.support.promtext import NODE_EXPORTER_SYS
 
 WATCH = (DEVICES_DIR,)
 A, B, C = "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"

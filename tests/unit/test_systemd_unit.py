@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.systemd_units import parse_unit
+from tests.support.systemd_units import parse_unit
 
 UNIT = Path(__file__).parents[2] / "systemd" / "metalguard-agent.service"
 

@@ -1,12 +1,18 @@
 """The tests' own house rules, read from their source (AST, nothing imported):
 
-- no test module imports from another ``test_*`` module: what several files share lives in
-  a helper module of their directory (tests/integration/jobs_env.py, ...), fixtures in the
-  directory's conftest.py;
+- tests/unit and tests/integration hold only test_*.py, conftest.py and __init__.py, and
+  tests/ itself no module but conftest.py and __init__.py: what several files share lives
+  in tests/support (tests/support/harness for the integration tests' processes, servers
+  and VMs), fixtures in the directory's conftest.py; tests/support holds no tests;
+- no test module imports from another ``test_*`` module;
 - helper modules define no fixtures (they go in the directory's conftest.py);
 - tests/unit needs no root, no subprocess and no server: its modules import nothing that
   starts a process, opens a socket, joins a network namespace or serves HTTP, and ask for
-  none of the nats-server fixtures (tests/unit/conftest.py also fails a test that does).
+  none of the nats-server fixtures (tests/integration/conftest.py's, out of their reach);
+  nor do the tests.* modules they import, followed to the end (unit tests that imported
+  the top conftest.py as a library once pulled in the nats-server that way), the
+  conftest.py files every unit test loads, and the pure helpers of tests/support (not its
+  harness/).
 """
 
 from __future__ import annotations
@@ -17,6 +23,12 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
 UNIT = TESTS / "unit"
+INTEGRATION = TESTS / "integration"
+SUPPORT = TESTS / "support"
+HARNESS = SUPPORT / "harness"
+
+TEST_DIRECTORY_FILES = {"conftest.py", "__init__.py"}
+"""Beside the test_*.py files, what tests/unit and tests/integration may hold."""
 
 FORBIDDEN_IN_UNIT = {
     "subprocess": "starts processes",
@@ -54,13 +66,42 @@ open a connection or ask whether we are root (make_mocked_request, web.Response:
 ATTRIBUTE_ALIASES = {"web": "aiohttp.web", "asyncio": "asyncio", "os": "os"}
 
 SERVER_FIXTURES = {"nats_server", "nats_url", "nc", "subjects", "fresh_server"}
-"""tests/conftest.py's fixtures of the session nats-server."""
+"""tests/integration/conftest.py's fixtures of the session nats-server."""
 
 UNIT_ALLOWED = {
     # socket.socketpair() stands in for the kernel's uevent netlink fd: an in-process pair
     # of descriptors, nothing binds, listens or connects.
-    "uevent_monitor.py": {"socket"},
+    "support/uevent_monitor.py": {"socket"},
 }
+"""Per module (its path under tests/), the forbidden modules it may import all the same."""
+
+
+def test_test_directories_hold_only_tests() -> None:
+    """Helpers (and their data: scripts, C sources) live in tests/support, not among the
+    tests; tests/ itself holds no helper module either."""
+    found = [
+        f"{entry.relative_to(TESTS.parent)}"
+        for directory in (UNIT, INTEGRATION)
+        for entry in sorted(directory.iterdir())
+        if entry.name != "__pycache__"
+        and not (entry.is_file() and entry.suffix == ".py" and entry.name.startswith("test_"))
+        and entry.name not in TEST_DIRECTORY_FILES
+    ]
+    found += [
+        f"{path.relative_to(TESTS.parent)}"
+        for path in sorted(TESTS.glob("*.py"))
+        if path.name not in TEST_DIRECTORY_FILES
+    ]
+    found += [
+        f"{path.relative_to(TESTS.parent)} (tests go in tests/unit or tests/integration)"
+        for path in sorted(SUPPORT.rglob("*.py"))
+        if path.name.startswith("test_") or path.name == "conftest.py"
+    ]
+    assert not found, (
+        "tests/unit and tests/integration hold only test_*.py, conftest.py and __init__.py; "
+        "move helpers to tests/support (tests/support/harness: processes, servers, VMs):\n"
+        + "\n".join(found)
+    )
 
 
 def python_files(root: Path) -> Iterator[Path]:
@@ -127,8 +168,8 @@ def test_the_import_check_finds_test_modules_however_imported() -> None:
         "from .test_ha import TTL_S\n"
         "from . import test_api\n"
         "import tests.unit.test_scoring\n"
-        "from tests.integration.jobs_env import JobsEnv\n"
-        "from tests.unit import scoring_helpers\n"
+        "from tests.support.harness.jobs_env import JobsEnv\n"
+        "from tests.support import scoring_helpers\n"
     )
     found = list(imports_of_test_modules(TESTS / "integration" / "probe.py", ast.parse(source)))
     assert [f.split(" imports ")[1] for f in found] == [
@@ -156,7 +197,7 @@ def test_helper_modules_define_no_fixtures() -> None:
 def unit_violations(path: Path, tree: ast.Module) -> Iterator[str]:
     """What in ``tree`` (the module ``path`` of tests/unit) needs a process, a socket, root
     or a server."""
-    allowed = UNIT_ALLOWED.get(path.name, set())
+    allowed = UNIT_ALLOWED.get(path.relative_to(TESTS).as_posix(), set())
     for line, module in imported_modules(path, tree):
         for forbidden, why in FORBIDDEN_IN_UNIT.items():
             if forbidden not in allowed and (
@@ -221,3 +262,97 @@ def test_the_unit_check_finds_what_it_forbids() -> None:
         "test_x asks for ['nc']",
     ):
         assert any(what in f for f in found), (what, found)
+
+
+def module_files(module: str) -> Iterator[Path]:
+    """The files that importing ``module`` runs, when it is one of tests.*: its packages'
+    __init__.py files and the module itself (nothing for a name inside a module)."""
+    parts = module.split(".")
+    if parts[0] != "tests":
+        return
+    for end in range(1, len(parts) + 1):
+        base = TESTS.parent.joinpath(*parts[:end])
+        if (base / "__init__.py").is_file():
+            yield base / "__init__.py"
+        elif base.with_suffix(".py").is_file():
+            yield base.with_suffix(".py")
+        else:
+            return
+
+
+def reached(path: Path, tree: ast.Module) -> dict[Path, list[Path]]:
+    """Every tests.* module that importing ``tree`` (the module ``path``) runs, followed to
+    the end, each with the chain of imports that first reaches it (``path`` left out)."""
+    chains: dict[Path, list[Path]] = {path: []}
+    queue = [(path, tree)]
+    while queue:
+        module_path, module_tree = queue.pop(0)
+        for _, module in imported_modules(module_path, module_tree):
+            for file in module_files(module):
+                if file not in chains:
+                    chains[file] = [*chains[module_path], file]
+                    queue.append((file, parse(file)))
+    del chains[path]
+    return chains
+
+
+def reached_violations(path: Path, tree: ast.Module) -> Iterator[str]:
+    """What the tests.* modules that ``tree`` (the module ``path``) imports, directly or
+    through each other, do that a unit test must not."""
+    for module, chain in reached(path, tree).items():
+        via = " -> ".join(str(p.relative_to(TESTS.parent)) for p in chain)
+        for violation in unit_violations(module, parse(module)):
+            yield f"{path.relative_to(TESTS.parent)} reaches {via}: {violation}"
+
+
+def must_be_pure() -> Iterator[Path]:
+    """The modules held to the unit tests' rules, with all they import: tests/unit's,
+    the conftest.py and __init__.py above them, and tests/support's pure helpers."""
+    yield from python_files(UNIT)
+    yield TESTS / "__init__.py"
+    yield TESTS / "conftest.py"
+    yield from sorted(SUPPORT.glob("*.py"))
+
+
+def test_unit_tests_reach_no_process_socket_root_or_server_through_helpers() -> None:
+    found: list[str] = []
+    for path in must_be_pure():
+        tree = parse(path)
+        if UNIT not in path.parents:  # tests/unit's own: test_unit_tests_need_no_...
+            found += unit_violations(path, tree)
+        found += reached_violations(path, tree)
+    assert not found, (
+        "a unit test (or a pure helper of tests/support, or a conftest.py every unit test "
+        "loads) reaches, through the tests.* modules it imports, one that needs a process, "
+        "a socket, root or a server: import what the test needs from a pure module, or "
+        "move the test to tests/integration:\n" + "\n".join(found)
+    )
+
+
+def test_the_transitive_check_follows_helpers_to_the_end() -> None:
+    """The check above, shown on a unit test that imports a harness of tests/support (pure
+    itself, its imports are not) and a pure helper."""
+    source = (
+        "from tests.support.harness.bmc_client import target\n"
+        "from tests.support import clock\n"
+        "import tests.support.scoring_helpers\n"
+    )
+    probe = UNIT / "test_probe.py"
+    chains = reached(probe, ast.parse(source))
+    bmc_client = HARNESS / "bmc_client.py"
+    emulator = HARNESS / "redfish_emulator.py"
+    assert chains[bmc_client] == [bmc_client]
+    assert chains[emulator] == [bmc_client, emulator]
+    assert chains[HARNESS / "__init__.py"] == [HARNESS / "__init__.py"]
+    assert SUPPORT / "clock.py" in chains
+    assert SUPPORT / "scoring_helpers.py" in chains
+    found = list(reached_violations(probe, ast.parse(source)))
+    assert found
+    assert all("harness/redfish_emulator.py" in f for f in found), found
+    assert any(
+        "reaches tests/support/harness/bmc_client.py -> tests/support/harness/"
+        "redfish_emulator.py: tests/support/harness/redfish_emulator.py:"
+        in f
+        and "imports subprocess: starts processes" in f
+        for f in found
+    ), found

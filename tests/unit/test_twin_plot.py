@@ -11,7 +11,7 @@ import pytest
 
 from metalguard.twin import plot as twin_plot
 from metalguard.twin.model import DAY_S, Fault, FaultKind, TimePoint
-from tests.unit.twin_results import POLICY, result
+from tests.support.twin_results import POLICY, result
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -19,8 +19,8 @@ from metalguard.twin.model import (
     DAY_S,
     POLICY_NAMES,
 )
-from tests.twin_report_keys import REPORT_KEYS
-from tests.unit.twin_results import JOBS, POLICY, job, result
+from tests.support.twin_report_keys import REPORT_KEYS
+from tests.support.twin_results import JOBS, POLICY, job, result
 
 
 def test_the_report_has_exactly_the_fixed_keys() -> None:

@@ -17,7 +17,7 @@ from metalguard.agent.collectors.udev import (
 )
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NODE_EVENT_KINDS, NodeEvent
-from tests.unit.uevent_monitor import SocketMonitor, Uevent
+from tests.support.uevent_monitor import SocketMonitor, Uevent
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
 

@@ -21,7 +21,7 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.jobs import Job
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.telemetry import DatasetCache, TelemetryBatch
-from tests.clock import T0
+from tests.support.clock import T0
 
 NODE = NodeIdentity(region="r1", cluster="c1", node="n1")
 

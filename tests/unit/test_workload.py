@@ -16,7 +16,7 @@ from metalguard.agent.workload.reports import digest_from, exit_info, exited_eve
 from metalguard.agent.workload.runner import Runner, RunnerSettings
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import Command, NodeEvent
-from tests.clock import T0, ManualClock
+from tests.support.clock import T0, ManualClock
 
 ME = NodeIdentity(region="r1", cluster="c1", node="n1")
 

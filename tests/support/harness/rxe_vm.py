@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.integration.rxe_kernel import Kernel
+from tests.support.harness.rxe_kernel import Kernel
 
 QEMU = "qemu-system-x86_64"
 INIT = Path(__file__).with_name("rxe_init.sh")

@@ -27,7 +27,7 @@ from metalguard.proto.telemetry import (
     Temperature,
 )
 from metalguard.proto.topology import NodeTopology
-from tests.unit.scoring_helpers import batch
+from tests.support.scoring_helpers import batch
 
 small = st.integers(0, 3)
 maybe_small = st.none() | small

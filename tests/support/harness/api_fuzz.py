@@ -43,7 +43,7 @@ from metalguard.demo.sim.provision import SimProvisioning, sim_mac
 from metalguard.proto.federation import NodeLookupReply
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
-from tests.integration.api_env import ADMIN_TOKEN, FLEET, READ_TOKEN, ApiEnv, api_env
+from tests.support.harness.api_env import ADMIN_TOKEN, FLEET, READ_TOKEN, ApiEnv, api_env
 
 READ = {"Authorization": f"Bearer {READ_TOKEN}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -30,10 +30,10 @@ from metalguard.proto.codec import decode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, JobStatus
 from metalguard.proto.subjects import Subjects
-from tests.waiting import wait_until
+from tests.support import ROOT
+from tests.support.waiting import wait_until
 
 REGION = "r1"
-ROOT = Path(__file__).parents[2]
 TRAINER = ROOT / "examples" / "trainer.py"
 INTERVAL_S = 0.5
 SETTINGS = JobSettings(

@@ -1,5 +1,5 @@
 #!/bin/busybox sh
-# /init of the Soft-RoCE test VM (tests/integration/rxe_vm.py builds the initramfs).
+# /init of the Soft-RoCE test VM (tests/support/harness/rxe_vm.py builds the initramfs).
 #
 # Loads the modules listed in /lib/modules/order, makes rxe0 on a dummy netdev (no NIC:
 # all traffic stays in the guest), and writes to the second serial port (/dev/ttyS1):

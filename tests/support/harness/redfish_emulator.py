@@ -16,7 +16,7 @@ BMC does with them, so that state changes are visible afterwards:
   and consumes a ``Once`` override (Enabled -> ``Disabled``, Target -> ``None``), as
   DSP0268 specifies;
 - power hooks (``on_boot``, ``on_power_off``): callbacks a test sets to drive a real
-  machine from the BMC's power actions (tests/integration/provision_vm.py starts and stops
+  machine from the BMC's power actions (tests/support/harness/provision_vm.py starts and stops
   a QEMU VM with them); unset, nothing but the documents changes.
 
 The fixtures ``certificate`` and ``bmc`` (tests/integration/conftest.py) start one per
@@ -41,7 +41,7 @@ from uuid import uuid4
 import pytest
 from aiohttp import web
 
-from tests.conftest import FIXTURES
+from tests.support import FIXTURES
 
 MOCKUP = FIXTURES / "redfish" / "public-rackmount1"
 SYSTEM = "/redfish/v1/Systems/437XR1138R2"

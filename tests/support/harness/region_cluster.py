@@ -32,8 +32,8 @@ from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.integration.ha_leases import MARGIN_S, POLL_S, RENEW_S, TTL_S
-from tests.unit.scoring_helpers import dimm_mc
+from tests.support.harness.ha_leases import MARGIN_S, POLL_S, RENEW_S, TTL_S
+from tests.support.scoring_helpers import dimm_mc
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 REGION = "r1"

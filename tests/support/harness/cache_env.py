@@ -23,7 +23,8 @@ from pathlib import Path
 import msgspec
 
 from metalguard.proto.telemetry import DatasetCache
-from tests.waiting import wait_until_blocking
+from tests.support import ROOT
+from tests.support.waiting import wait_until_blocking
 
 READY_TIMEOUT_S = 30.0
 EXIT_TIMEOUT_S = 30.0
@@ -122,7 +123,7 @@ class CacheMount:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            cwd=Path(__file__).parents[2],
+            cwd=ROOT,
         )
         self._threads = [
             threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True),
@@ -187,7 +188,7 @@ def run_cache(args: Sequence[str], prefix: Sequence[str] = ()) -> subprocess.Com
         capture_output=True,
         text=True,
         timeout=EXIT_TIMEOUT_S,
-        cwd=Path(__file__).parents[2],
+        cwd=ROOT,
         check=False,
     )
 

@@ -12,12 +12,11 @@ import json
 import math
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
 
 HUGE_TEXT = "x" * 200_000
 DEEP = 400

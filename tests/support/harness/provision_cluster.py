@@ -3,7 +3,7 @@
 :func:`vm_cluster` assembles what ``metalguard controller run`` starts with
 ``[provision] enabled = true`` (controller/provision/run.py: the QemuStorage with its
 qemu-storage-daemon, the ProvisionService, its boot server, the BmcPower path) and, for
-each node, a QEMU VM behind its own Redfish BMC (tests/integration/provision_vm.py),
+each node, a QEMU VM behind its own Redfish BMC (tests/support/harness/provision_vm.py),
 answered by a bmc-proxy's BmcCommandService on real NATS.  Nothing is simulated between
 the service's BMC command and the guest's ready report: the PXE override and the power
 cycle go over NATS to the bmc-proxy, which PATCHes and resets the Redfish BMC, whose
@@ -40,11 +40,11 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.provision import Instance
 from metalguard.proto.subjects import Subjects
-from tests.integration import provision_vm
-from tests.integration.bmc_client import credentials
-from tests.integration.redfish_emulator import Certificate
-from tests.integration.rxe_kernel import Kernel
-from tests.waiting import wait_until
+from tests.support.harness import provision_vm
+from tests.support.harness.bmc_client import credentials
+from tests.support.harness.redfish_emulator import Certificate
+from tests.support.harness.rxe_kernel import Kernel
+from tests.support.waiting import wait_until
 
 REGION = "eu1"
 CLUSTER = "vm"

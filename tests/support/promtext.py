@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+from tests.support import FIXTURES
+
 NODE_EXPORTER_SYS = FIXTURES / "node_exporter" / "sys"
 NODE_EXPORTER_EXPECTED = FIXTURES / "node_exporter" / "expected"
 

@@ -1,6 +1,6 @@
 /*
  * mg-nbd-client: attach an NBD export to /dev/nbdN from the provisioning test VM's
- * initramfs (tests/integration/provision_vm.py compiles it with `gcc -static -O2`).
+ * initramfs (tests/support/harness/provision_vm.py compiles it with `gcc -static -O2`).
  *
  *   mg-nbd-client HOST PORT NAME [DEVICE]   (HOST an IP address; DEVICE: /dev/nbd0)
  *

@@ -1,5 +1,5 @@
 #!/bin/busybox sh
-# /init of the provisioning test VM's initramfs (tests/integration/provision_vm.py builds
+# /init of the provisioning test VM's initramfs (tests/support/harness/provision_vm.py builds
 # it: busybox, mg-nbd-client compiled from nbd_client.c, the kernel's modules).
 #
 # What a production image's initramfs does for metalguard's boot chain

@@ -54,10 +54,10 @@ from metalguard.proto.events import ControllerEvent, NodeEvent
 from metalguard.proto.provision import Instance
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.integration import nbd_client
-from tests.integration.bmc_client import credentials, serving, target
-from tests.integration.redfish_emulator import Certificate, RedfishEmulator, start_emulator
-from tests.waiting import wait_until
+from tests.support.harness import nbd_client
+from tests.support.harness.bmc_client import credentials, serving, target
+from tests.support.harness.redfish_emulator import Certificate, RedfishEmulator, start_emulator
+from tests.support.waiting import wait_until
 
 REGION = "r1"
 NODES = ("r1.c1.n01", "r1.c1.n02", "r1.c1.n03")

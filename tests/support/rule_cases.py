@@ -17,7 +17,7 @@ from metalguard.proto.telemetry import (
     TcClassStats,
 )
 from metalguard.proto.topology import NodeTopology
-from tests.unit.scoring_helpers import Step
+from tests.support.scoring_helpers import Step
 
 # --- GPU (controller/core/rules/gpu.py) ---------------------------------------------------
 

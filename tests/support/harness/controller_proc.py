@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from tests.integration.agent_proc import METALGUARD
+from tests.support.harness.agent_proc import METALGUARD
 
 
 def controller_toml(nats_url: str, prefix: str, extra: str = "") -> str:

@@ -2,8 +2,8 @@
 outlives test runs.
 
 Debian's generic kernel (``linux-image-amd64``'s dependency) builds ``rdma_rxe`` (the
-Soft-RoCE VM, tests/integration/rxe_vm.py) as a module; the cloud kernel
-(``linux-image-cloud-amd64``'s: what the provisioning VM, tests/integration/provision_vm.py,
+Soft-RoCE VM, tests/support/harness/rxe_vm.py) as a module; the cloud kernel
+(``linux-image-cloud-amd64``'s: what the provisioning VM, tests/support/harness/provision_vm.py,
 boots) builds no ``rdma_rxe`` and no ``e1000``, but ``virtio_net`` and ``nbd`` as modules
 and ext4 in.  The package is downloaded once per :class:`KernelSpec`
 with ``apt-get download`` and only what the VM boots is kept: the kernel and the modules
@@ -59,7 +59,7 @@ class KernelSpec:
 
 
 RXE = KernelSpec("rxe-kernel", ROOT_MODULES)
-"""The Soft-RoCE VM's kernel (tests/integration/rxe_vm.py)."""
+"""The Soft-RoCE VM's kernel (tests/support/harness/rxe_vm.py)."""
 
 
 class NoKernelError(Exception):

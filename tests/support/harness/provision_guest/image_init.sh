@@ -1,5 +1,5 @@
 #!/bin/busybox sh
-# /sbin/init of the provisioning test image (tests/integration/provision_vm.py puts it,
+# /sbin/init of the provisioning test image (tests/support/harness/provision_vm.py puts it,
 # busybox and an /etc/os-release in the image's directory; the registry makes the image
 # with mke2fs -d).  It runs on the tenant's volume, after the initramfs's switch_root:
 #

@@ -1,5 +1,6 @@
 """The agent's side against the Redfish emulator: a credentials file, a target naming the
-emulator, and a remediator that trusts its certificate (tests/integration/redfish_emulator.py)."""
+emulator, and a remediator that trusts its certificate
+(tests/support/harness/redfish_emulator.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from metalguard.agent.bmc.remediation import Remediator, open_control
 from metalguard.agent.bmc.targets import BmcTarget
 from metalguard.agent.connection import NatsSettings
 from metalguard.proto.subjects import Subjects
-from tests.integration.redfish_emulator import PASSWORD, USER, RunningEmulator
-from tests.waiting import wait_until
+from tests.support.harness.redfish_emulator import PASSWORD, USER, RunningEmulator
+from tests.support.waiting import wait_until
 
 
 def credentials(tmp_path: Path, user: str = USER, password: str = PASSWORD) -> str:

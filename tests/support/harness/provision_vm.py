@@ -6,7 +6,7 @@ What is built here (docs/provisioning.md, "The boot chain"):
 - the **initramfs** (:func:`build_initramfs`): busybox-static, ``mg-nbd-client`` (a tiny
   static NBD client compiled at test time from provision_guest/nbd_client.c with
   ``gcc -static``), the NIC's and nbd's modules from Debian's cloud kernel
-  (:data:`CLOUD`, cached by tests/integration/rxe_kernel.py; :data:`GENERIC`, the generic
+  (:data:`CLOUD`, cached by tests/support/harness/rxe_kernel.py; :data:`GENERIC`, the generic
   kernel with an e1000, is the slower other choice) and provision_guest/
   initramfs_init.sh as ``/init``: DHCP, ``nbdroot=HOST,PORT,NAME`` attached to /dev/nbd0,
   ``switch_root`` to the volume;
@@ -44,14 +44,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tests.integration.redfish_emulator import (
+from tests.support.harness.redfish_emulator import (
     CHASSIS,
     Certificate,
     RedfishEmulator,
     RunningEmulator,
     start_emulator,
 )
-from tests.integration.rxe_kernel import Kernel, KernelSpec
+from tests.support.harness.rxe_kernel import Kernel, KernelSpec
 
 QEMU = "qemu-system-x86_64"
 GUEST = Path(__file__).with_name("provision_guest")

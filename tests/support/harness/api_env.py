@@ -18,8 +18,8 @@ from metalguard.controller.state.store import NodeStore
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import TelemetryBatch
-from tests.clock import T0, ManualClock
-from tests.unit.scoring_helpers import dimm_mc
+from tests.support.clock import T0, ManualClock
+from tests.support.scoring_helpers import dimm_mc
 
 INTERVAL = 5.0
 READ_TOKEN = "read-token-1"

@@ -10,9 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support import FIXTURES
+
 METALGUARD = str(Path(sys.executable).parent / "metalguard")
-FIXTURE_SYSFS = Path(__file__).parents[1] / "fixtures" / "node_exporter" / "sys"
-FIXTURE_SMART = Path(__file__).parents[1] / "fixtures" / "smartctl"
+FIXTURE_SYSFS = FIXTURES / "node_exporter" / "sys"
+FIXTURE_SMART = FIXTURES / "smartctl"
 
 
 def write_agent_config(
