@@ -30,7 +30,7 @@ demo: $(STAMP_RUN)
 # VMs), so more workers than the 2 cores pays (docs/testing.md has the measurements).
 # Tests that need one resource at a time share an xdist_group (--dist loadgroup).
 WORKERS ?= 4
-STAGE   := .ci/stage
+STAGE   := bash .ci/stage
 
 ## test: ruff, mypy, the layering contracts, then the whole pytest suite in parallel,
 ## in a random order (pytest-randomly; its seed is printed), the 25 slowest tests listed
