@@ -7,6 +7,8 @@ fails with pytest's "fixture not found"."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+import shutil
+import tempfile
 from pathlib import Path
 
 import nats
@@ -106,20 +108,23 @@ def pair() -> Iterator[VethPair]:
 
 
 @pytest.fixture
-def slurm(tmp_path: Path) -> Iterator[SlurmCluster]:
+def slurm() -> Iterator[SlurmCluster]:
     """A running one-node Slurm, stopped at the end even when the test fails; skipped with
     the reason printed where Slurm or root is missing."""
     reason = missing_reason()
     if reason is not None:
         print(f"SKIP: {reason}")
         pytest.skip(reason)
-    cluster = SlurmCluster(tmp_path / "slurm")
-    cluster.root.mkdir(mode=0o700)
+    # Not under tmp_path: slurmstepd's step sockets live in the spool dir, and pytest's
+    # per-worker temp paths (.../popen-gw3/test_.../) push them past the 108-byte limit.
+    root = Path(tempfile.mkdtemp(prefix="mg-slurm-"))
+    cluster = SlurmCluster(root)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -32,6 +32,10 @@ TOOLS = ("munged", "slurmctld", "slurmd", "sinfo", "squeue", "scontrol", "sbatch
 START_DEADLINE_S = 20.0
 CRED_EXPIRE_S = 5
 """How long a requeued job waits before it may start again (Slurm's default is 120 s)."""
+SOCKET_PATH_MAX = 107
+"""sun_path's 108 bytes less the NUL: slurmstepd's step sockets must fit."""
+STEP_SOCKET_TAIL = f"/spool/{NODE}/{NODE}_4294967295.4294967291"
+"""The longest step socket below the root (job id and step id at their widest)."""
 
 
 def _free_port() -> int:
@@ -54,6 +58,12 @@ class SlurmCluster:
     """The daemons, their config, and the client tools pointed at them."""
 
     def __init__(self, root: Path) -> None:
+        longest = len(str(root)) + len(STEP_SOCKET_TAIL)
+        if longest > SOCKET_PATH_MAX:
+            raise ValueError(
+                f"{root} is too long for Slurm: its step sockets would be {longest} bytes,"
+                f" over the {SOCKET_PATH_MAX} a Unix socket path allows; use a shorter dir"
+            )
         self.root = root
         self.conf = root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
