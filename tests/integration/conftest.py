@@ -6,9 +6,9 @@ fails with pytest's "fixture not found"."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 import shutil
 import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import nats
