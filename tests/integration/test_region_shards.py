@@ -81,11 +81,28 @@ async def fleet(region: tuple[Client, Subjects]) -> AsyncIterator[Fleet]:
 async def start_shards(
     tmp_path: Path, cluster: NatsCluster, subjects: Subjects, homes: dict[str, list[str]]
 ) -> dict[str, ShardProc]:
-    procs = {}
-    for instance, home in homes.items():
-        config = tmp_path / f"{instance}.toml"
-        config.write_text(shard_config(cluster.urls, subjects.prefix, instance, GROUPS, home))
-        procs[instance] = await start_shard(config, instance)
+    """Start the shard processes one after another, each holding its home shards before the
+    next starts; only the last takes over others' shards.  (Started together, a loaded
+    machine could start one so late that another, past its takeover_after_s, took its home
+    shard first: a takeover the test did not ask for.)"""
+    procs: dict[str, ShardProc] = {}
+    nc = await nats.connect(servers=cluster.urls, connect_timeout=2)
+    try:
+        js = nc.jetstream(timeout=5)
+        for i, (instance, home) in enumerate(homes.items()):
+            last = i == len(homes) - 1
+            config = tmp_path / f"{instance}.toml"
+            config.write_text(
+                shard_config(cluster.urls, subjects.prefix, instance, GROUPS, home, takeover=last)
+            )
+            procs[instance] = await start_shard(config, instance)
+            await wait_holders(js, subjects, dict.fromkeys(home, instance))
+    except BaseException:
+        for proc in procs.values():
+            await proc.stop()
+        raise
+    finally:
+        await nc.close()
     return procs
 
 

@@ -54,9 +54,15 @@ async def short_leases_r3(js: JetStreamContext, subjects: Subjects) -> None:
 
 
 def shard_config(
-    urls: list[str], prefix: str, instance: str, groups: dict[str, list[str]], home: list[str]
+    urls: list[str],
+    prefix: str,
+    instance: str,
+    groups: dict[str, list[str]],
+    home: list[str],
+    *,
+    takeover: bool = True,
 ) -> str:
-    """A shard process's controller.toml."""
+    """A shard process's controller.toml (``takeover``: whether it takes other shards)."""
     servers = ", ".join(f'"{u}"' for u in urls)
     lines = [
         f'region = "{REGION}"',
@@ -73,6 +79,7 @@ def shard_config(
         f"margin_s = {MARGIN_S}",
         "[shards]",
         "home = [" + ", ".join(f'"{h}"' for h in home) + "]",
+        f"takeover = {'true' if takeover else 'false'}",
         f"takeover_after_s = {TAKEOVER_AFTER_S}",
         "[shards.groups]",
     ]
