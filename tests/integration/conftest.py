@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import nats
@@ -29,6 +29,20 @@ from tests.support.harness.redfish_emulator import (
     start_emulator,
 )
 from tests.support.harness.slurm_cluster import SlurmCluster, missing_reason
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that used the session nats-server gets its last log lines in the report:
+    the server tells a client some failures only as a fixed sentence ("error creating store
+    for stream") and writes the cause to its own log."""
+    report = yield
+    server = getattr(item, "funcargs", {}).get("nats_server")
+    if report.failed and isinstance(server, NatsServer):
+        report.sections.append(("nats-server log", "\n".join(server.log_tail())))
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +131,7 @@ def slurm() -> Iterator[SlurmCluster]:
         pytest.skip(reason)
     # Not under tmp_path: slurmstepd's step sockets live in the spool dir, and pytest's
     # per-worker temp paths (.../popen-gw3/test_.../) push them past the 108-byte limit.
-    root = Path(tempfile.mkdtemp(prefix="mg-slurm-"))
+    root = Path(tempfile.mkdtemp(prefix="mg-slurm-", dir="/tmp"))
     cluster = SlurmCluster(root)
     try:
         cluster.start()
