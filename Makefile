@@ -30,6 +30,9 @@ demo: $(STAMP_RUN)
 # VMs), so more workers than the 2 cores pays (docs/testing.md has the measurements).
 # Tests that need one resource at a time share an xdist_group (--dist loadgroup).
 WORKERS ?= 4
+# pytest-randomly's seed for the order: a fresh one each run, printed; `make test SEED=N`
+# runs that order again.
+SEED    ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 STAGE   := bash .ci/stage
 
 ## test: ruff, mypy, the layering contracts, then the whole pytest suite in parallel,
@@ -40,7 +43,9 @@ test: $(STAMP_DEV)
 	$(STAGE) format $(BIN)/ruff format --check .
 	$(STAGE) mypy $(BIN)/mypy
 	$(STAGE) lint-imports $(BIN)/lint-imports --no-cache
-	$(STAGE) pytest $(BIN)/pytest -q -ra -n $(WORKERS) --dist loadgroup --durations=25
+	@echo "pytest order seed: $(SEED) (make test SEED=$(SEED) runs this order again)"
+	$(STAGE) pytest $(BIN)/pytest -q -ra -n $(WORKERS) --dist loadgroup --durations=25 \
+		--randomly-seed=$(SEED)
 
 ## check: the loop after every edit (< 2 min): ruff, mypy, the layering contracts and the
 ## unit tests (no server, no subprocess, no root)

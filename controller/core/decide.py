@@ -28,6 +28,7 @@ from metalguard.controller.core.lifecycle import (
     operator,
     to_event,
 )
+from metalguard.controller.core.lifecycle_model import rail_flag_change
 from metalguard.controller.core.rail import apply_rail
 from metalguard.controller.core.receiving import Span
 from metalguard.controller.core.scoring.engine import Assessment
@@ -265,7 +266,8 @@ def decide(
         for (item, before, _), settled in zip(round_, result.transitions, strict=True):
             if settled.record != before:
                 changed[item.node.handle] = settled.record
-            events += _events(settled.decisions, item.node.handle, item.tag)
+            decisions = _with_flag_change(before, settled, now)
+            events += _events(decisions, item.node.handle, item.tag)
         if result.state != state:
             new_rails[(region, cluster)] = result.state
         if result.alerts:
@@ -307,7 +309,8 @@ def decide_silence(
         )
         if t.record != record:
             changed[handle] = t.record
-            events += _events(t.decisions, handle, f"s{_ms(record.last_seen_ts or 0.0)}")
+            decisions = _with_flag_change(record, t, now)
+            events += _events(decisions, handle, f"s{_ms(record.last_seen_ts or 0.0)}")
     return Outcome(changed, {}, tuple(events))
 
 
@@ -324,7 +327,14 @@ def decide_operator(
     if t.record == record and not t.decisions:
         return Outcome()
     handle = record.node.handle
-    return Outcome({handle: t.record}, {}, _events(t.decisions, handle, f"o{_ms(now)}"))
+    decisions = _with_flag_change(record, t, now)
+    return Outcome({handle: t.record}, {}, _events(decisions, handle, f"o{_ms(now)}"))
+
+
+def _with_flag_change(before: NodeRecord, t: Transition, now: float) -> tuple[Decision, ...]:
+    """``t``'s decisions, and ``node.rail_flagged`` first when the rail flag changed."""
+    flag = rail_flag_change(before, t.record, now)
+    return t.decisions if flag is None else (flag, *t.decisions)
 
 
 def _in_rack(record: NodeRecord, rack: str | None) -> NodeRecord:

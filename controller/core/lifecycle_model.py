@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec.structs import replace
 
+from metalguard.controller.core.grades import record_takes_new_work
 from metalguard.proto.base import AttrValue, NodeIdentity, Reason
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.nodes import Grade, GradeChange, NodeRecord
@@ -151,9 +152,8 @@ def to_event(decision: Decision, event_id: str) -> ControllerEvent:
 
 
 def accepts_new_work(record: NodeRecord) -> bool:
-    """Whether the scheduler may place new work on the node."""
-    flagged = record.cordoned or record.held or record.rail_flagged
-    return record.grade == "HEALTHY" and not flagged
+    """Whether the scheduler may place new work on the node (``controller.core.grades``)."""
+    return record_takes_new_work(record)
 
 
 # --- building transitions -------------------------------------------------------------
@@ -233,4 +233,45 @@ def node_decision(
         action=action,
         by=by,
         attributes=dict(attributes or {}),
+    )
+
+
+RAIL_FLAGGED_KIND = "node.rail_flagged"
+"""Announced when the safety rail flags a node (``flagged`` true) and when the flag clears
+(``flagged`` false): the node takes no new work while flagged."""
+
+
+def rail_flag_change(before: NodeRecord, after: NodeRecord, ts: float) -> Decision | None:
+    """The ``node.rail_flagged`` decision when ``after`` differs from ``before`` in its rail
+    flag (None: no change)."""
+    if before.rail_flagged == after.rail_flagged:
+        return None
+    if after.rail_flagged:
+        return node_decision(
+            after,
+            RAIL_FLAGGED_KIND,
+            ts,
+            after.reasons,
+            "rail-flagged: the safety rail kept the node in service instead of isolating "
+            "it; its running jobs continue, it takes no new work",
+            grade_from=before.grade,
+            by="rail",
+            attributes={"flagged": True},
+        )
+    if after.grade == "FAILING":
+        why = "the isolation the rail refused went ahead"
+    elif after.cordoned or after.grade == "MAINTENANCE":
+        why = "an operator took the node"
+    elif before.cordoned or before.held:
+        why = "an operator uncordoned it"
+    else:
+        why = "it assessed clean enough times"
+    return node_decision(
+        after,
+        RAIL_FLAGGED_KIND,
+        ts,
+        (),
+        f"rail flag cleared: {why}",
+        grade_from=before.grade,
+        attributes={"flagged": False, "takes_new_work": record_takes_new_work(after)},
     )

@@ -114,6 +114,7 @@ def fleet_node(
         cluster=record.node.cluster,
         grade=record.grade,
         cordoned=record.cordoned or record.held,
+        rail_flagged=record.rail_flagged,
         warm_datasets=warm,
         **place,
     )

@@ -49,7 +49,7 @@ def summarize(
         lambda: [Counter() for _ in SPREAD_LEVELS]
     )
     for node in fleet:
-        healthy = node.grade == "HEALTHY" and not node.cordoned
+        healthy = node.schedulable  # takes new work: not cordoned, held or rail-flagged
         free = healthy and node.handle not in busy
         row = by_type.setdefault(node.gpu_type, [0, 0, 0, 0, 0])
         row[0] += 1

@@ -52,6 +52,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
+from metalguard.controller.core.grades import takes_new_work
 from metalguard.proto.jobs import Job
 from metalguard.proto.topology import NodeTopology
 
@@ -81,13 +82,19 @@ class FleetNode(NodeTopology, frozen=True, kw_only=True):
     cluster: str
     grade: str = "HEALTHY"
     cordoned: bool = False
+    """Cordoned by an operator or held as a repeat offender."""
+    rail_flagged: bool = False
+    """Kept in service by the safety rail instead of isolated: runs its jobs, takes none."""
     warm_datasets: frozenset[str] = frozenset()
     """The datasets whose node-local cache is warm here (``controller.core.warm``)."""
 
     @property
     def schedulable(self) -> bool:
-        """HEALTHY and not cordoned: may receive new members."""
-        return self.grade == "HEALTHY" and not self.cordoned
+        """May receive new members (``controller.core.grades``: HEALTHY, not cordoned,
+        held or rail-flagged)."""
+        return takes_new_work(
+            self.grade, cordoned=self.cordoned, held=False, rail_flagged=self.rail_flagged
+        )
 
     @property
     def rack_key(self) -> tuple[str, ...]:

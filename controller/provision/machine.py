@@ -29,6 +29,7 @@ from typing import Final, Literal
 import msgspec
 from msgspec.structs import replace
 
+from metalguard.controller.core.grades import why_no_new_work
 from metalguard.proto.base import AttrValue
 from metalguard.proto.provision import (
     Instance,
@@ -44,7 +45,6 @@ BOOTING: Final = frozenset({"deploying", "switching"})
 """States waiting for the node's ready report (the deploy timeout runs)."""
 LIVE: Final = frozenset({"deploying", "active", "switching", "releasing"})
 """States that hold a node, a volume and (but for releasing) an export."""
-DEPLOYABLE_GRADE: Final = "HEALTHY"
 
 
 class NodeClaim(msgspec.Struct, frozen=True, kw_only=True):
@@ -358,18 +358,21 @@ def why_not_deployable(
     cordoned: bool,
     claim: NodeClaim | None,
     known: bool,
+    *,
+    held: bool = False,
+    rail_flagged: bool = False,
 ) -> str | None:
     """Why ``node`` cannot take a new instance now (None: it can).  ``grade``: its grade
-    in the controller's records (None: no record), ``known``: it is in
-    ``[[provision.nodes]]`` (its MAC is known)."""
+    in the controller's records (None: no record); ``cordoned``, ``held``,
+    ``rail_flagged``: its flags; ``known``: it is in ``[[provision.nodes]]`` (its MAC is
+    known).  Whether it takes new work at all is ``controller.core.grades``'s answer."""
     if not known:
         return f"{node} is not a provisioned node (no [[provision.nodes]] entry with its MAC)"
     if grade is None:
         return f"{node} is unknown to the controller (no node record: its agent never reported)"
-    if grade != DEPLOYABLE_GRADE:
-        return f"{node} is {grade}, not HEALTHY"
-    if cordoned:
-        return f"{node} is cordoned"
+    why = why_no_new_work(grade, cordoned=cordoned, held=held, rail_flagged=rail_flagged)
+    if why is not None:
+        return f"{node} is {why}"
     if claim is not None and claim.flagged:
         return f"{node} is flagged after {claim.failures} failed deploys"
     if claim is not None and claim.instance_id:

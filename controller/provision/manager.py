@@ -732,9 +732,11 @@ class ProvisionService:
         return machine.why_not_deployable(
             node,
             record.grade if record is not None else None,
-            bool(record is not None and (record.cordoned or record.held)),
+            record is not None and record.cordoned,
             None if claimed_ok else claim,
             node in self.settings.macs,
+            held=record is not None and record.held,
+            rail_flagged=record is not None and record.rail_flagged,
         )
 
     def _check_health(self, node: str) -> None:

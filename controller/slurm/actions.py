@@ -9,7 +9,9 @@ nothing new.  Safety, in order:
 - automatic drains (decided by the controller, not by an operator) are capped: at most
   ``max(min_nodes, floor(max_fraction x Slurm nodes))`` nodes drained by metalguard at
   once; past it the node is left in service and the refusal is announced.  This comes on
-  top of the controller's own safety rail (a node the rail refuses gets no event at all).
+  top of the controller's own safety rail: a node the rail refuses to isolate is
+  announced ``node.rail_flagged`` and only drained (no new work; uncapped, a drain stops
+  nothing that runs).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from metalguard.controller.core.lifecycle_model import RAIL_FLAGGED_KIND
 from metalguard.controller.slurm.parse import SlurmJob, SlurmNode
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import ControllerEvent
@@ -59,7 +62,9 @@ def trigger_of(event: ControllerEvent) -> Trigger | None:
     node.isolated, node.held, and an operator's node.maintenance -> ``evacuate`` (drain,
     checkpoint and requeue its jobs); node.sub_healthy, node.cordoned and the automatic
     node.maintenance (a sub-healthy node with no jobs) -> ``drain`` (running jobs
-    continue); node.returned and node.uncordoned -> ``resume``.
+    continue); node.returned and node.uncordoned -> ``resume``; node.rail_flagged ->
+    ``drain`` while flagged (uncapped), ``resume`` when the flag clears on a node that
+    takes new work again.
     """
     if event.node is None:
         return None
@@ -73,6 +78,15 @@ def trigger_of(event: ControllerEvent) -> Trigger | None:
         intent = "drain"
     elif event.kind in RESUME_KINDS:
         intent = "resume"
+    elif event.kind == RAIL_FLAGGED_KIND:
+        # Flagged: drained (no new work; its jobs run on). Not counted against the bridge's
+        # cap: the rail has already bounded it, and a drain stops nothing that runs.
+        if event.attributes.get("flagged") is True:
+            intent, operator = "drain", True
+        elif event.attributes.get("takes_new_work") is True:
+            intent = "resume"
+        else:
+            return None
     else:
         return None
     why = event.message or (event.reasons[0].message if event.reasons else "")
@@ -99,6 +113,9 @@ def trigger_of_record(record: NodeRecord) -> Trigger | None:
         kind, intent, automatic = "node.cordoned", "drain", False
     elif record.grade == "SUB_HEALTHY":
         kind, intent, automatic = "node.sub_healthy", "drain", True
+    elif record.rail_flagged:
+        kind, intent, automatic = RAIL_FLAGGED_KIND, "drain", False
+        first = "rail-flagged: the safety rail kept it in service; no new work"
     else:
         return None
     why = (operator if not automatic else first) or first or operator

@@ -225,6 +225,60 @@ async def test_isolation_drains_checkpoints_requeues_and_uncordon_resumes(
     assert kinds(events, NODE)[-2:] == ["node.uncordoned", "slurm.resumed"]
 
 
+async def test_a_rail_flagged_node_is_drained_its_job_runs_on_and_uncordon_resumes(
+    env: ApiEnv,
+    api: TestClient[Any, Any],
+    bridge: SlurmBridge,
+    slurm: SlurmCluster,
+    tmp_path: Path,
+) -> None:
+    """Two nodes, the default rail (one isolation per hour): mgnode2's fault isolates it,
+    mgnode1's right after is refused: mgnode1 is flagged, drained with the rail's reason,
+    and its job is neither signalled nor requeued; an uncordon resumes it."""
+    _, out, ckpt = submit_trainer(slurm, tmp_path)
+    await wait_until(lambda: trainer_ready(ckpt), DEADLINE_S, "the trainer to run on mgnode1")
+    await env.feed(batch("c1", DEAD_NODE, 2, ue=1), batch("c1", NODE, 2, ue=1))
+    assert env.controller.store.records[f"r1.c1.{NODE}"].rail_flagged
+
+    node = await wait_for_value(
+        lambda: _async(lambda: slurm.nodes()[NODE]),
+        lambda n: n.drained,
+        DEADLINE_S,
+        "mgnode1 drained",
+    )
+    assert node.reason.startswith("metalguard: node.rail_flagged: rail-flagged:"), node.reason
+    text = await wait_for_value(
+        lambda: _async(lambda: out.read_text()),
+        lambda t: "digest=" in t,
+        DEADLINE_S,
+        "the job to finish where it runs",
+    )
+    assert "DUE TO JOB REQUEUE" not in text, text
+    assert "start restart=1" not in text, text
+    assert text.splitlines()[-1] == f"digest={uninterrupted_digest(tmp_path)}"
+    events = await control_events(env)
+    mine = kinds(events, NODE)
+    assert mine[:2] == ["node.rail_flagged", "slurm.drained"], mine
+    assert "slurm.job_signalled" not in mine
+    assert "slurm.job_requeued" not in mine
+
+    await operator(api, NODE, "uncordon", "sensor checked")
+    await wait_for_value(
+        lambda: _async(lambda: slurm.nodes()[NODE]),
+        lambda n: not n.drained,
+        DEADLINE_S,
+        "mgnode1 resumed",
+    )
+    events = await wait_for_value(
+        lambda: control_events(env),
+        lambda evs: "slurm.resumed" in kinds(evs, NODE),
+        DEADLINE_S,
+        "the bridge's slurm.resumed",
+    )
+    flags = [e for e in events if e.kind == "node.rail_flagged" and e.node is not None]
+    assert [e.attributes["flagged"] for e in flags if e.node.node == NODE] == [True, False]  # type: ignore[union-attr]
+
+
 async def test_a_node_drained_by_hand_is_never_resumed(
     env: ApiEnv, api: TestClient[Any, Any], bridge: SlurmBridge, slurm: SlurmCluster
 ) -> None:

@@ -122,14 +122,16 @@ def test_a_batch_s_rack_goes_into_the_record_and_an_event_keeps_it() -> None:
 
 
 def test_rail_thirty_percent_fatal_at_once() -> None:
-    """20 nodes, 6 fatal in one round: 2 isolated (10 %), 4 flagged, one rail.tripped."""
+    """20 nodes, 6 fatal in one round: 2 isolated (10 %), 4 flagged (each announced), one
+    rail.tripped."""
     records = healthy_cluster(20)
     now = T0 + 10
     inputs = [node_input(i, "FAILING", 2, now, fatal=True) for i in range(6)]
     out = decide(records, {}, inputs, now, CFG)
     assert kinds(out).count("node.isolated") == 2
     assert kinds(out).count("rail.tripped") == 1
-    assert len(out.events) == 3
+    assert kinds(out).count("node.rail_flagged") == 4
+    assert len(out.events) == 7
     grades = [out.records[f"r1.c1.n{i:02d}"].grade for i in range(6)]
     flagged = [out.records[f"r1.c1.n{i:02d}"].rail_flagged for i in range(6)]
     assert grades.count("FAILING") == 2
@@ -160,7 +162,7 @@ def test_rail_state_is_respected_across_rounds() -> None:
     second = decide(
         records, first.rails, [node_input(1, "FAILING", 2, T0 + 2, fatal=True)], T0 + 2, CFG
     )
-    assert kinds(second) == ["rail.tripped"]
+    assert kinds(second) == ["node.rail_flagged", "rail.tripped"]
     assert second.records["r1.c1.n01"].rail_flagged
 
 

@@ -155,12 +155,14 @@ async def jobs_env(
     racks: int = 2,
     nodes_per_rack: int = 5,
     store_factory: Callable[[Any], Any] | None = None,
+    lifecycle: LifecycleConfig = LIFECYCLE,
 ) -> AsyncIterator[JobsEnv]:
     """A started region of ``racks`` x ``nodes_per_rack`` simulated nodes, every node graded
-    HEALTHY before it is yielded; everything stopped afterwards."""
+    HEALTHY before it is yielded; everything stopped afterwards (``lifecycle``: the
+    region's, no safety rail unless given)."""
     js = nc.jetstream(timeout=5)
     store = await NodeStore.open(js, subjects)
-    region = RegionController(js, store, subjects, REGION, LIFECYCLE)
+    region = RegionController(js, store, subjects, REGION, lifecycle)
     await region.start(silence_interval_s=0.25)
     ingest = Ingest(js, subjects, IngestSettings(region=REGION), region)
     await ingest.start()
