@@ -32,7 +32,9 @@ demo: $(STAMP_RUN)
 WORKERS ?= 4
 # pytest-randomly's seed for the order: a fresh one each run, printed; `make test SEED=N`
 # runs that order again.
-SEED    ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+ifeq ($(origin SEED), undefined)
+SEED    := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
 STAGE   := bash .ci/stage
 
 ## test: ruff, mypy, the layering contracts, then the whole pytest suite in parallel,

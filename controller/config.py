@@ -119,6 +119,14 @@ class FederationSection(_Section, frozen=True):
     a region not listed uses the latency measured between controllers over NATS."""
 
 
+class JobsSection(_Section, frozen=True):
+    """``[jobs]``: the job manager's defaults (docs/jobs.md)."""
+
+    hang_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 1800.0
+    """The hang timeout of a job that sets no ``hang_timeout``: a member whose step stands
+    still this long, once it has reported progress, makes the job hung (0: off)."""
+
+
 class ProvisionNodeSection(_Section, frozen=True):
     """One ``[[provision.nodes]]`` entry: a node the service may deploy and its boot MAC."""
 
@@ -216,6 +224,8 @@ class ControllerConfig(_Section, frozen=True):
     """``[shards]``: this process is one of the region's controller shards, each owning
     a group of clusters by a lease (docs/scaling.md); needs ``[ha] instance``."""
     federation: FederationSection = FederationSection()
+    jobs: JobsSection = JobsSection()
+    """``[jobs]``: the job manager's defaults (docs/jobs.md)."""
     topology: TopologySection = TopologySection()
     """``[topology]``: zones of clusters, per-rack and per-node overrides of what the
     nodes report (docs/scheduler.md)."""

@@ -38,7 +38,7 @@ from metalguard.controller.federation.service import Federation
 from metalguard.controller.federation.view import busy_nodes, job_counts
 from metalguard.controller.ingest.consumer import Ingest, IngestSettings
 from metalguard.controller.ingest.settings import tune_gc
-from metalguard.controller.jobs.manager import JobManager
+from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.leader import Leadership, region_leadership
 from metalguard.controller.listener_metrics import ListenerCollector
@@ -227,6 +227,7 @@ async def _serve(
         store,
         subjects,
         cfg.region,
+        JobSettings(hang_timeout_s=cfg.jobs.hang_timeout_s),
         fleet=controller.topology.fleet,
         leading=leadership.leading,
     )

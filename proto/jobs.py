@@ -52,7 +52,9 @@ class Job(Message, frozen=True, tag="job"):
     checkpoint_dir: str = ""
     checkpoint_every: float = 0.0
     """Seconds between periodic checkpoints (0: only on request)."""
-    hang_timeout: float = 0.0
+    hang_timeout: float | None = None
+    """Seconds a member's step may stand still before the job is hung (0: never; None: the
+    controller's ``[jobs] hang_timeout_s``, which waits for a member's first progress)."""
     max_restarts: NonNegInt = 3
     submitted_ts: float = 0.0
     dataset: str = ""

@@ -12,6 +12,9 @@ from metalguard.proto.nodes import NodeRecord
 
 NEW_WORK_GRADE = "HEALTHY"
 """The one grade that takes new work."""
+RUNNING_WORK_GRADES = frozenset({"HEALTHY", "SUB_HEALTHY"})
+"""Grades whose running jobs run on where they are (and are judged there: a hang on a
+sub-healthy node is the job's as much as on a healthy one)."""
 
 
 def why_no_new_work(grade: str, *, cordoned: bool, held: bool, rail_flagged: bool) -> str | None:

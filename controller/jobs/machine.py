@@ -27,6 +27,7 @@ from typing import Final
 import msgspec
 from msgspec.structs import replace
 
+from metalguard.controller.core.grades import RUNNING_WORK_GRADES
 from metalguard.proto.base import AttrValue
 from metalguard.proto.events import CommandReply
 from metalguard.proto.jobs import (
@@ -66,6 +67,9 @@ class Timings:
     """The wait before the first try again after a refused start (:func:`backoff_s`)."""
     restart_backoff_max_s: float = 60.0
     """The longest wait between two tries after refused starts."""
+    hang_timeout_s: float = 1800.0
+    """The hang timeout of a job that sets none (0: off); armed for a member once it has
+    reported progress (a workload that never reports steps is not judged by it)."""
     master_port_base: int = 29500
     master_port_span: int = 20000
 
@@ -295,20 +299,31 @@ def _watch_running(status: JobStatus, world: World) -> Step:
         attrs = {"rank": m.rank, "exit_code": m.exit_code, "node": m.node}
         why = f"rank {m.rank} on {m.node} exited {m.exit_code}"
         return _restart(status, "crash", world, why, "job.crashed", attrs)
-    if job.hang_timeout > 0:
+    timeout, by_default = hang_timeout(job, world.timings)
+    if timeout > 0:
         hung = [
             m
             for m in status.members
             if m.exit_code is None
-            and world.grades.get(m.node) == "HEALTHY"
-            and now - m.progress_ts >= job.hang_timeout
+            and world.grades.get(m.node) in RUNNING_WORK_GRADES
+            and (m.step > 0 or not by_default)
+            and now - m.progress_ts >= timeout
         ]
         if hung:
             steps = ",".join(f"{m.rank}={m.step}" for m in status.members)
-            why = f"no progress for {job.hang_timeout:g} s (last steps {steps})"
-            attrs = {"last_steps": steps, "hang_timeout": job.hang_timeout}
+            default = " (the controller's default)" if by_default else ""
+            why = f"no progress for {timeout:g} s{default} (last steps {steps})"
+            attrs = {"last_steps": steps, "hang_timeout": timeout, "by_default": by_default}
             return _restart(status, "hang", world, why, "job.hung", attrs)
     return Step(status)
+
+
+def hang_timeout(job: Job, timings: Timings) -> tuple[float, bool]:
+    """The job's hang timeout (0: off) and whether it is the controller's default (the
+    job set none)."""
+    if job.hang_timeout is None:
+        return timings.hang_timeout_s, True
+    return job.hang_timeout, False
 
 
 def _restart(

@@ -82,6 +82,8 @@ class JobSettings:
     """The wait before trying a refused start again, doubled at every restart ..."""
     restart_backoff_max_s: float = 60.0
     """... up to this (docs/jobs.md "Refused starts")."""
+    hang_timeout_s: float = 1800.0
+    """The hang timeout of a job that sets none (``[jobs] hang_timeout_s``; 0: off)."""
 
 
 FleetView = Callable[[Mapping[str, NodeRecord]], list[FleetNode]]
@@ -129,6 +131,7 @@ class JobManager:
             start_deadline_s=self.settings.start_timeout_s * 3,
             restart_backoff_s=self.settings.restart_backoff_s,
             restart_backoff_max_s=self.settings.restart_backoff_max_s,
+            hang_timeout_s=self.settings.hang_timeout_s,
         )
         self._live: dict[str, JobStatus] = {}
         """The newest status of each job (may be ahead of MG_JOBS in progress only)."""

@@ -148,7 +148,7 @@ def job_problems(job: Job) -> list[str]:
         reasons.append("gpu_type: set, but gpus_per_node is 0")
     if job.checkpoint_every < 0:
         reasons.append("checkpoint_every: must be >= 0 seconds")
-    if job.hang_timeout < 0:
+    if job.hang_timeout is not None and job.hang_timeout < 0:
         reasons.append("hang_timeout: must be >= 0 seconds (0: no hang detection)")
     if job.max_latency_ms is not None and job.max_latency_ms <= 0:
         reasons.append("max_latency_ms: must be > 0")

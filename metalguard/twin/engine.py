@@ -468,12 +468,13 @@ class Engine:
             return
         g.hung = True
         tj.freeze(self.now, f.cause)
-        if tj.job.hang_timeout > 0:  # the machine's hang timeout will see it
+        timeout = tj.job.hang_timeout or 0.0  # the twin's jobs set it (0: off)
+        if timeout > 0:  # the machine's hang timeout will see it
             s = tj.spec
             elapsed = self.now - g.t0
             off = reached_offset(elapsed, s.restart_cost_s, s.checkpoint_interval_s,
                                  s.checkpoint_cost_s)  # fmt: skip
-            due = g.t0 + off + tj.job.hang_timeout + HANG_MARGIN_S
+            due = g.t0 + off + timeout + HANG_MARGIN_S
             self._at(max(self.now, due), self._hang_check, tj, g)
         # a person notices a hang nothing else caught (no timeout; the machine watches
         # only members on HEALTHY nodes) and kills the job

@@ -257,12 +257,13 @@ class TwinJob:
         at = min(now, g.t0 + reached_offset(t - g.t0, rs, iv, cost))
         rank0 = st.members[0]
         batch = getattr(machine, "observe_members", None)
-        if self.job.hang_timeout > 0 and batch is not None:
+        hangs = (self.job.hang_timeout or 0.0) > 0  # the twin's jobs set it (0: off)
+        if hangs and batch is not None:
             st = batch(st, g.number, at, steps={m.node: step for m in st.members})
         else:
             if rank0.step < step:
                 st = machine.observe_member(st, rank0.node, g.number, at, step=step)
-            if self.job.hang_timeout > 0 and len(st.members) > 1 and rank0.step < step:
+            if hangs and len(st.members) > 1 and rank0.step < step:
                 st = machine.resumed(st, at)  # every member's clock: progress at ``at``
         self.status = st
 

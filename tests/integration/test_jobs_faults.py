@@ -6,6 +6,7 @@ the region controller and the job manager.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from nats.aio.client import Client
 
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
 from metalguard.proto.subjects import Subjects
-from tests.support.harness.jobs_env import JobsEnv, expected_digest, jobs_env
+from tests.support.harness.jobs_env import SETTINGS, JobsEnv, expected_digest, jobs_env
 from tests.support.waiting import wait_until
 
 
@@ -53,6 +54,36 @@ async def test_a_hung_rank_is_detected_and_restarted_from_its_checkpoint(env: Jo
     assert done.state == "succeeded", done.history
     assert done.digest == expected_digest(steps)
     assert done.crashes == 1
+
+
+async def test_a_job_that_sets_no_hang_timeout_is_caught_by_the_default(
+    tmp_path: Path, nats_url: str, nc: Client, subjects: Subjects
+) -> None:
+    """``[jobs] hang_timeout_s`` (30 min shipped, 2 s here) judges a job that sets none."""
+    settings = dataclasses.replace(SETTINGS, hang_timeout_s=2.0)
+    async with jobs_env(tmp_path, nats_url, nc, subjects, settings=settings) as env:
+        steps, hang_at = 200, 30
+        job_id = await env.submit(
+            "hangs-by-default",
+            steps,
+            checkpoint_every=0.5,
+            trainer_args=[
+                "--hang-at-step",
+                str(hang_at),
+                "--fault-rank",
+                "1",
+                "--faults-only-fresh",
+            ],
+        )
+        assert env.job(job_id).job.hang_timeout is None  # type: ignore[union-attr]
+        await wait_until(lambda: bool(env.of("job.hung", job_id)), 30, "job.hung")
+        hung = env.of("job.hung", job_id)[0]
+        assert hung.attributes["by_default"] is True
+        assert hung.attributes["hang_timeout"] == 2.0
+        done = await env.wait_state(job_id, TERMINAL_JOB_STATES, 60)
+        assert done.state == "succeeded", done.history
+        assert done.digest == expected_digest(steps)
+        assert done.crashes == 1
 
 
 async def test_a_job_that_always_crashes_fails_without_blocking_the_fleet(env: JobsEnv) -> None:

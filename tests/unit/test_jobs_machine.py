@@ -168,6 +168,38 @@ def test_hang_restarts_on_the_same_nodes_from_the_periodic_checkpoint() -> None:
     assert {x.args["resume_from"] for x in step2.sends} == {"/ck/3"}
 
 
+def test_a_job_without_hang_timeout_is_judged_by_the_default_once_it_reports_progress() -> None:
+    timings = m.Timings(checkpoint_deadline_s=10, stop_deadline_s=10, hang_timeout_s=60.0)
+    s = running(job())  # no hang_timeout: the controller's default
+    assert s.job is not None
+    assert s.job.hang_timeout is None
+    # no member has reported a step yet: the default is not armed (a workload that never
+    # reports progress is not called hung)
+    quiet = m.advance(s, m.World(T0 + 600, HEALTHY, timings=timings))
+    assert quiet.status.state == "running"
+    s = m.observe_member(s, "r.c.n1", 1, T0 + 1, step=4)
+    s = m.observe_member(s, "r.c.n2", 1, T0 + 1, step=4)
+    assert m.advance(s, m.World(T0 + 60, HEALTHY, timings=timings)).status.state == "running"
+    # on a SUB_HEALTHY node too: its jobs run on, so they are judged there
+    sub_healthy = {**HEALTHY, "r.c.n2": "SUB_HEALTHY"}
+    step = m.advance(s, m.World(T0 + 61, sub_healthy, timings=timings))
+    assert kinds(step)[0] == "job.hung"
+    assert step.emits[0].attributes["by_default"] is True
+    assert step.emits[0].attributes["hang_timeout"] == 60.0
+    assert "the controller's default" in step.emits[0].message
+
+
+@pytest.mark.parametrize(("hang_timeout", "hung"), [(0.0, False), (30.0, True), (None, False)])
+def test_a_jobs_own_hang_timeout_wins_and_zero_is_off(
+    hang_timeout: float | None, hung: bool
+) -> None:
+    timings = m.Timings(hang_timeout_s=3600.0)
+    s = running(job(hang_timeout=hang_timeout))
+    s = m.observe_member(s, "r.c.n1", 1, T0 + 1, step=4)
+    step = m.advance(s, m.World(T0 + 40, HEALTHY, timings=timings))
+    assert (kinds(step)[:1] == ["job.hung"]) is hung
+
+
 def test_a_crashing_job_fails_after_its_restart_budget() -> None:
     s = running(job(max_restarts=1))
     replies: dict[str, CommandReply] = {}

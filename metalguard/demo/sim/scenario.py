@@ -78,7 +78,8 @@ class ScenarioJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     command: str = "python"
     args: tuple[str, ...] = ()
     checkpoint_every: Annotated[float, msgspec.Meta(ge=0)] = 0.0
-    hang_timeout: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    hang_timeout: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    """None: the job manager's default (docs/jobs.md); 0: off."""
     max_restarts: Annotated[int, msgspec.Meta(ge=0)] = 3
     region: str = ""
     """The region whose job manager runs it (``r2``); empty: the demo's first region."""

@@ -73,6 +73,7 @@ class JobsEnv:
     ingest: Ingest
     manager: JobManager
     ckpt_root: Path
+    settings: JobSettings = SETTINGS
     events: list[ControllerEvent] = field(default_factory=list)
 
     async def on_event(self, msg: Msg) -> None:
@@ -126,7 +127,7 @@ class JobsEnv:
         js = self.nc.jetstream(timeout=5)
         store = store or await JobStore.open(js, self.subjects)
         self.manager = JobManager(
-            self.nc, js, store, self.region.store, self.subjects, REGION, SETTINGS,
+            self.nc, js, store, self.region.store, self.subjects, REGION, self.settings,
             fleet=self.region.topology.fleet,
         )  # fmt: skip
         await self.manager.start()
@@ -156,10 +157,11 @@ async def jobs_env(
     nodes_per_rack: int = 5,
     store_factory: Callable[[Any], Any] | None = None,
     lifecycle: LifecycleConfig = LIFECYCLE,
+    settings: JobSettings = SETTINGS,
 ) -> AsyncIterator[JobsEnv]:
     """A started region of ``racks`` x ``nodes_per_rack`` simulated nodes, every node graded
     HEALTHY before it is yielded; everything stopped afterwards (``lifecycle``: the
-    region's, no safety rail unless given)."""
+    region's, no safety rail unless given; ``settings``: the job manager's)."""
     js = nc.jetstream(timeout=5)
     store = await NodeStore.open(js, subjects)
     region = RegionController(js, store, subjects, REGION, lifecycle)
@@ -171,10 +173,10 @@ async def jobs_env(
         interval_s=INTERVAL_S, prefix=subjects.prefix,
     )  # fmt: skip
     manager = JobManager(
-        nc, js, await JobStore.open(js, subjects), store, subjects, REGION, SETTINGS,
+        nc, js, await JobStore.open(js, subjects), store, subjects, REGION, settings,
         fleet=region.topology.fleet,
     )  # fmt: skip
-    env = JobsEnv(nc, subjects, fleet, region, ingest, manager, tmp_path / "ckpt")
+    env = JobsEnv(nc, subjects, fleet, region, ingest, manager, tmp_path / "ckpt", settings)
     sub = await nc.subscribe(subjects.control_all(REGION), cb=env.on_event)
     try:
         await fleet.start()
