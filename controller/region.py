@@ -34,6 +34,7 @@ from metalguard.controller.core.decide import (
     batch_input,
     decide,
     decide_operator,
+    decide_running,
     decide_silence,
     event_input,
     steady_batch,
@@ -358,6 +359,27 @@ class RegionController:
             return decide_operator(current, action, reason, who, self._clock(), self._cfg)
 
         return await self._round(record.node, round_, received)
+
+    async def report_running(self, counts: Mapping[str, int]) -> tuple[ControllerEvent, ...]:
+        """The job manager's count of unfinished job members per node (by handle): one
+        round per cluster, under its lock (a SUB_HEALTHY node whose last job ended enters
+        MAINTENANCE); the events announced. Nodes the store does not know are skipped."""
+        received = self._clock()
+        by_cluster: dict[ClusterKey, dict[str, int]] = {}
+        for handle, count in counts.items():
+            record = self.store.records.get(handle)
+            if record is not None and record.running_jobs != count:
+                key = (record.node.region, record.node.cluster)
+                by_cluster.setdefault(key, {})[handle] = count
+        announced: list[ControllerEvent] = []
+        for group in by_cluster.values():
+            node = self.store.records[next(iter(group))].node
+
+            def round_(g: dict[str, int] = group) -> Outcome:
+                return decide_running(self.store.records, g, self._clock(), self._cfg)
+
+            announced += await self._round(node, round_, received)
+        return tuple(announced)
 
     async def check_silence(self) -> tuple[ControllerEvent, ...]:
         """One pass: every silent in-service node becomes UNREACHABLE. Only the nodes

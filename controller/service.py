@@ -230,6 +230,7 @@ async def _serve(
         JobSettings(hang_timeout_s=cfg.jobs.hang_timeout_s),
         fleet=controller.topology.fleet,
         leading=leadership.leading,
+        report_running=controller.report_running,
     )
     ingest = start_ingest(js, subjects, cfg.region, controller, instance, settings)
     federation = None

@@ -56,7 +56,10 @@ class NodeRecord(Message, frozen=True, tag="node_record"):
     """Would have been isolated, but the safety rail held it in service."""
     unreachable_from: Grade | None = None
     """While UNREACHABLE: the grade it had when it went silent."""
-    running_jobs: NonNegInt = 0
+    running_jobs: NonNegInt | None = None
+    """Unfinished job members on the node, as the job manager last reported them (None:
+    not known yet). A SUB_HEALTHY node enters MAINTENANCE only once this is known to be
+    0: its running jobs finish first (docs/lifecycle.md)."""
     last_seen_ts: float | None = None
     """Controller time of the last accepted assessment."""
     last_sent_ts: float | None = None

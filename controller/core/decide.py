@@ -27,6 +27,7 @@ from metalguard.controller.core.lifecycle import (
     observe,
     operator,
     to_event,
+    update_jobs,
 )
 from metalguard.controller.core.lifecycle_model import rail_flag_change
 from metalguard.controller.core.rail import apply_rail
@@ -335,6 +336,29 @@ def _with_flag_change(before: NodeRecord, t: Transition, now: float) -> tuple[De
     """``t``'s decisions, and ``node.rail_flagged`` first when the rail flag changed."""
     flag = rail_flag_change(before, t.record, now)
     return t.decisions if flag is None else (flag, *t.decisions)
+
+
+def decide_running(
+    records: Mapping[str, NodeRecord],
+    counts: Mapping[str, int],
+    now: float,
+    cfg: LifecycleConfig,
+) -> Outcome:
+    """Each node's count of unfinished job members, as the job manager reports it (by
+    handle; a node not in ``records`` is skipped): a SUB_HEALTHY node whose count is 0
+    enters MAINTENANCE, "sub-healthy and its last job ended" (event ids tagged
+    ``j<now ms>``)."""
+    changed: dict[str, NodeRecord] = {}
+    events: list[ControllerEvent] = []
+    for handle, count in sorted(counts.items()):
+        record = records.get(handle)
+        if record is None:
+            continue
+        t = update_jobs(record, count, now, cfg)
+        if t.record != record:
+            changed[handle] = t.record
+            events += _events(t.decisions, handle, f"j{_ms(now)}")
+    return Outcome(changed, {}, tuple(events))
 
 
 def _in_rack(record: NodeRecord, rack: str | None) -> NodeRecord:

@@ -83,6 +83,13 @@ def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Trans
         elif was == "MAINTENANCE" or (was == "SUB_HEALTHY" and base.running_jobs == 0):
             target = "MAINTENANCE"
             message = f"score {obs.score:.0f}: sub-healthy with no running jobs"
+        elif was == "SUB_HEALTHY" and (since := sub_healthy_since(record)) is not None:
+            elapsed = obs.ts - since
+            drain = cfg.sub_healthy_drain_after_s
+            if drain > 0 and elapsed >= drain:
+                return _drained_at_deadline(base, obs, cfg, elapsed)
+            target = "SUB_HEALTHY"
+            message = f"score {obs.score:.0f}: sub-healthy, no new work; running jobs continue"
         else:  # first SUB_HEALTHY, announced as such; drained to MAINTENANCE next cycle
             target = "SUB_HEALTHY"
             message = f"score {obs.score:.0f}: sub-healthy, no new work; running jobs continue"
@@ -116,6 +123,38 @@ def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Trans
         (reason,),
         f"{cycles} consecutive clean assessments: back in service",
         action="release" if record.grade in OUT_OF_SERVICE else None,
+    )
+
+
+def sub_healthy_since(record: NodeRecord) -> float | None:
+    """When the node last entered SUB_HEALTHY (None: not in its history)."""
+    for change in reversed(record.history):
+        if change.grade_to == "SUB_HEALTHY":
+            return change.ts
+    return None
+
+
+def _drained_at_deadline(
+    base: NodeRecord, obs: Observation, cfg: LifecycleConfig, elapsed: float
+) -> Transition:
+    """A SUB_HEALTHY node past ``sub_healthy_drain_after_s`` with jobs still on it:
+    MAINTENANCE, and its jobs are moved (``isolate``: a planned move, fresh checkpoint)."""
+    reason = Reason(
+        signal="lifecycle.sub_healthy_s",
+        value=round(elapsed, 1),
+        threshold=cfg.sub_healthy_drain_after_s,
+        rule="sub_healthy_drain_after_s",
+        message=f"sub-healthy for {elapsed:.0f} s with jobs still running",
+    )
+    return change_grade(
+        replace(base, clean_cycles=0),
+        "MAINTENANCE",
+        obs.ts,
+        cfg,
+        (*obs.reasons, reason),
+        f"sub-healthy for {elapsed:.0f} s (the drain limit is "
+        f"{cfg.sub_healthy_drain_after_s:g} s): its remaining jobs are moved",
+        action="isolate",
     )
 
 
@@ -304,14 +343,26 @@ def check_silence(
 def update_jobs(
     record: NodeRecord, running_jobs: int, now: float, cfg: LifecycleConfig
 ) -> Transition:
-    """Take in the node's job count: a SUB_HEALTHY node with none enters MAINTENANCE."""
+    """Take in the node's count of unfinished job members (the job manager's): a
+    SUB_HEALTHY node with none enters MAINTENANCE."""
     if running_jobs == record.running_jobs:
         return Transition(record)
     base = replace(record, running_jobs=running_jobs, updated_ts=now)
     if record.grade != "SUB_HEALTHY" or running_jobs:
         return Transition(base)
+    reason = Reason(
+        signal="lifecycle.running_jobs",
+        value=0,
+        rule="sub_healthy_drain",
+        message="its last job ended",
+    )
     return change_grade(
-        base, "MAINTENANCE", now, cfg, record.reasons, "sub-healthy and its last job left"
+        base,
+        "MAINTENANCE",
+        now,
+        cfg,
+        (*record.reasons, reason),
+        "sub-healthy and its last job ended",
     )
 
 

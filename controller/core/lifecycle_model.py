@@ -62,6 +62,10 @@ class LifecycleConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     """Isolations always allowed per window, however small the cluster."""
     history_max: Annotated[int, msgspec.Meta(ge=1)] = 50
     """Grade changes kept in a NodeRecord."""
+    sub_healthy_drain_after_s: Annotated[float, msgspec.Meta(ge=0)] = 86_400.0
+    """How long a SUB_HEALTHY node's running jobs may run on; past it the node enters
+    MAINTENANCE with the action ``isolate`` and its jobs are moved with a fresh
+    checkpoint (a planned move). 0: never."""
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> LifecycleConfig:

@@ -20,7 +20,8 @@ when they are all healthy) → ``starting`` (start every rank with resume-from) 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -718,3 +719,20 @@ def _emit(
     attributes: dict[str, AttrValue] | None = None,
 ) -> Emit:
     return Emit(kind, f"{status.job_id}.{kind}.{suffix}", message, dict(attributes or {}))
+
+
+def members_per_node(statuses: Iterable[JobStatus]) -> Counter[str]:
+    """Unfinished job members per node handle: one for each node a job that has not ended
+    is placed on, and for each node where a member of it still runs outside that placement
+    (an older generation's, being stopped). A member that exited while the rest of its job
+    runs still counts: the job holds the node until it ends, and a node drained under it
+    would move the whole job (what the lifecycle waits for before a SUB_HEALTHY node's
+    MAINTENANCE)."""
+    counts: Counter[str] = Counter()
+    for s in statuses:
+        if s.state in TERMINAL_JOB_STATES:
+            continue
+        placed = set(s.placement)
+        counts.update(placed)
+        counts.update({m.node for m in s.members if m.exit_code is None} - placed)
+    return counts

@@ -112,8 +112,12 @@ class JobManager:
         fleet: FleetView,
         clock: Callable[[], float] = time.time,
         leading: Callable[[], bool] = lambda: True,
+        report_running: Callable[[Mapping[str, int]], Awaitable[object]] | None = None,
     ) -> None:
         self._nc = nc
+        self._report_running = report_running
+        """Takes each node's changed count of unfinished job members (the region
+        controller's ``report_running``: a decision round)."""
         self._js = js
         self.store = store
         self._nodes = nodes
@@ -278,6 +282,26 @@ class JobManager:
                 await self._apply(machine.advance(status, world))
             await self._queue_pass(records, world)
             self._forget_replies()
+            await self._report(records)
+
+    async def _report(self, records: Mapping[str, NodeRecord]) -> None:
+        """Hand the nodes whose count of unfinished job members changed to the region
+        controller; a failure is logged and the counts are handed again next pass (the
+        records still differ)."""
+        if self._report_running is None:
+            return
+        counts = machine.members_per_node(self._live.values())
+        changed = {
+            handle: counts.get(handle, 0)
+            for handle, record in records.items()
+            if record.node.region == self.region and record.running_jobs != counts.get(handle, 0)
+        }
+        if not changed:
+            return
+        try:
+            await self._report_running(changed)
+        except Exception as exc:  # NATS down, a store conflict: next pass tries again
+            log.warning("running job counts not handed to the region controller: %s", exc)
 
     async def _reload(self) -> None:
         await self.store.load()

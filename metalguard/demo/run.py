@@ -484,6 +484,7 @@ async def _start_region(
         name,
         DEMO_JOBS,
         fleet=controller.topology.fleet,
+        report_running=controller.report_running,
     )
     federation = Federation(
         nc,

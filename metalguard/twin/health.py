@@ -341,6 +341,11 @@ class HealthModel:
         """RegionController.on_batch_now: score, then the steady path or a round."""
         st.signals, assessment = assess(st.signals, batch, self.scoring, st.memo)
         record = self.records.get(st.handle)
+        if running_jobs is None and (record is None or record.running_jobs is None):
+            # The twin's nodes start empty and the engine passes a count whenever it
+            # knows one, so an unknown count is 0 here (the controller learns it from
+            # the job manager: NodeRecord.running_jobs).
+            running_jobs = 0
         if running_jobs is None:
             after = steady_batch(record, batch, assessment, batch.ts, st.rack)
             if after is not None:

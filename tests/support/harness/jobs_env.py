@@ -128,7 +128,7 @@ class JobsEnv:
         store = store or await JobStore.open(js, self.subjects)
         self.manager = JobManager(
             self.nc, js, store, self.region.store, self.subjects, REGION, self.settings,
-            fleet=self.region.topology.fleet,
+            fleet=self.region.topology.fleet, report_running=self.region.report_running,
         )  # fmt: skip
         await self.manager.start()
 
@@ -174,7 +174,7 @@ async def jobs_env(
     )  # fmt: skip
     manager = JobManager(
         nc, js, await JobStore.open(js, subjects), store, subjects, REGION, settings,
-        fleet=region.topology.fleet,
+        fleet=region.topology.fleet, report_running=region.report_running,
     )  # fmt: skip
     env = JobsEnv(nc, subjects, fleet, region, ingest, manager, tmp_path / "ckpt", settings)
     sub = await nc.subscribe(subjects.control_all(REGION), cb=env.on_event)
