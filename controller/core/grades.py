@@ -8,6 +8,8 @@ any path (docs/lifecycle.md, "Grades").  Pure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from metalguard.proto.nodes import NodeRecord
 
 NEW_WORK_GRADE = "HEALTHY"
@@ -15,6 +17,25 @@ NEW_WORK_GRADE = "HEALTHY"
 RUNNING_WORK_GRADES = frozenset({"HEALTHY", "SUB_HEALTHY"})
 """Grades whose running jobs run on where they are (and are judged there: a hang on a
 sub-healthy node is the job's as much as on a healthy one)."""
+MOVE_CAUSES: Mapping[str, str] = {
+    "FAILING": "node_failing",
+    "MAINTENANCE": "maintenance",
+    "UNREACHABLE": "lost",
+}
+"""Grades whose running jobs are moved now, and the cause recorded (in this order of
+precedence when a job has members on several). FAILING: isolated, its jobs checkpointed
+and moved. MAINTENANCE: an operator's maintenance, or a SUB_HEALTHY node at its drain
+limit (a node that drained to MAINTENANCE by itself has no jobs left). UNREACHABLE: the
+node is silent, so its runner can neither report progress nor take a command, and a gang
+waits on every rank: the job restarts elsewhere from its last periodic checkpoint rather
+than holding the other nodes idle (on the Slurm path the bridge leaves it to Slurm, which
+sees the node NOT_RESPONDING)."""
+
+
+def running_work(grade: str) -> str | None:
+    """What happens to the jobs running on a node of this grade: None, they run on (HEALTHY,
+    SUB_HEALTHY); else the cause under which they are moved now (:data:`MOVE_CAUSES`)."""
+    return MOVE_CAUSES.get(grade)
 
 
 def why_no_new_work(grade: str, *, cordoned: bool, held: bool, rail_flagged: bool) -> str | None:

@@ -23,12 +23,12 @@ import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, cast
 
 import msgspec
 from msgspec.structs import replace
 
-from metalguard.controller.core.grades import RUNNING_WORK_GRADES
+from metalguard.controller.core.grades import MOVE_CAUSES, RUNNING_WORK_GRADES
 from metalguard.proto.base import AttrValue
 from metalguard.proto.events import CommandReply
 from metalguard.proto.jobs import (
@@ -49,11 +49,10 @@ HISTORY_MAX: Final = 50
 DEAD_GRADES: Final = frozenset({"UNREACHABLE"})
 """A node in these grades cannot answer: its members count as stopped, no checkpoint."""
 EVACUATE: Final[dict[str, MoveCause]] = {
-    "FAILING": "node_failing",
-    "MAINTENANCE": "maintenance",
-    "UNREACHABLE": "lost",
+    grade: cast("MoveCause", cause) for grade, cause in MOVE_CAUSES.items()
 }
-"""Grades that move a job off a node, and the cause recorded."""
+"""Grades that move a job off a node, and the cause recorded (``controller.core.grades``
+owns the answer: :func:`grades.running_work`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,3 +161,16 @@ def test_the_slurm_bridge_drains_a_flagged_node_and_resumes_it_once_cleared() ->
         attrs = {**flag.attributes, "flagged": False, "takes_new_work": takes}
         got = trigger_of(msgspec.structs.replace(flag, attributes=attrs))
         assert (got.intent if got else None) == intent
+
+
+@pytest.mark.parametrize("grade", get_args(Grade))
+def test_running_work_has_one_owner_and_never_moves_what_takes_new_work(grade: Grade) -> None:
+    from metalguard.controller.jobs.machine import EVACUATE
+
+    cause = grades.running_work(grade)
+    assert EVACUATE.get(grade) == cause  # the job manager asks the same table
+    assert (cause is None) is (grade in grades.RUNNING_WORK_GRADES)
+    if grades.takes_new_work(grade, cordoned=False, held=False, rail_flagged=False):
+        assert cause is None
+    expected = {"FAILING": "node_failing", "MAINTENANCE": "maintenance", "UNREACHABLE": "lost"}
+    assert cause == expected.get(grade)
