@@ -13,51 +13,13 @@ from typing import Final
 from metalguard.proto.base import AttrValue, NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.telemetry import GpuDevice, NvLinkErrors
+from metalguard.proto.xid import XidEntry, classify
 
 
-@dataclass(frozen=True, slots=True)
-class XidInfo:
-    """What one XID means and how bad it is."""
-
-    severity: str
-    """critical (the GPU or node needs action) | warning (usually the application) | info"""
-    name: str
-    action: str
-
-
-UNKNOWN_XID: Final = XidInfo("warning", "unlisted XID", "see NVIDIA's XID catalogue")
-
-XID_TABLE: Final[dict[int, XidInfo]] = {
-    8: XidInfo("warning", "GPU stopped processing (timeout)", "restart the application"),
-    13: XidInfo("warning", "graphics engine exception", "application error; restart it"),
-    31: XidInfo("warning", "GPU memory page fault", "application error; restart it"),
-    32: XidInfo("warning", "invalid or corrupted push buffer stream", "check the driver"),
-    38: XidInfo("critical", "driver firmware error", "reset the GPU"),
-    43: XidInfo("warning", "GPU stopped processing", "application error; restart it"),
-    45: XidInfo("info", "preemptive cleanup after earlier errors", "none by itself"),
-    48: XidInfo("critical", "double-bit ECC error", "reset the GPU; replace if it recurs"),
-    61: XidInfo("warning", "internal micro-controller breakpoint", "reset the GPU if it recurs"),
-    62: XidInfo("critical", "internal micro-controller halt", "reset the GPU"),
-    63: XidInfo("critical", "ECC page retirement or row remapping event", "reset the GPU"),
-    64: XidInfo("critical", "ECC page retirement or row remapping failure", "service the GPU"),
-    68: XidInfo("warning", "video processor exception", "restart the application"),
-    69: XidInfo("warning", "graphics engine class error", "restart the application"),
-    74: XidInfo("critical", "NVLink error", "check the NVLink and the GPU; reset"),
-    79: XidInfo("critical", "GPU has fallen off the bus", "drain the node; reset or reseat"),
-    92: XidInfo("warning", "high single-bit ECC error rate", "watch; reset at a convenient time"),
-    94: XidInfo("critical", "contained ECC error", "restart the application; reset the GPU"),
-    95: XidInfo("critical", "uncontained ECC error", "drain the node; reset the GPU"),
-    109: XidInfo("warning", "context switch timeout", "restart the application"),
-    119: XidInfo("critical", "GSP RPC timeout", "reset the GPU"),
-    120: XidInfo("critical", "GSP error", "reset the GPU"),
-    140: XidInfo("critical", "unrecovered ECC error", "drain the node; reset the GPU"),
-}
-"""The well-known XIDs (NVIDIA's XID catalogue); any other XID is a warning."""
-
-
-def xid_info(xid: int) -> XidInfo:
-    """The meaning and severity of ``xid`` (unlisted XIDs are warnings)."""
-    return XID_TABLE.get(xid, UNKNOWN_XID)
+def xid_info(xid: int) -> XidEntry:
+    """What NVIDIA's XID catalog says about ``xid``: its class, name, action and the
+    severity of its event (``metalguard.proto.xid``; unlisted: ``contact_support``)."""
+    return classify(xid)
 
 
 THROTTLE_REASONS: Final[dict[int, str]] = {
@@ -217,14 +179,16 @@ def xid_event(
     uuid: str = "",
     pci_address: str = "",
 ) -> NodeEvent:
-    """The ``gpu_xid`` NodeEvent of one XID critical error, graded by :data:`XID_TABLE`."""
+    """The ``gpu_xid`` NodeEvent of one XID critical error, graded by NVIDIA's XID catalog
+    (:func:`xid_info`)."""
     info = xid_info(xid)
     device = f"gpu{gpu_index}" if gpu_index is not None else (uuid or "gpu")
     attributes: dict[str, AttrValue] = {
         "xid": xid,
         "name": info.name,
         "action": info.action,
-        "known": xid in XID_TABLE,
+        "class": info.xid_class,
+        "known": info.listed,
         "index": gpu_index,
         "uuid": uuid,
         "pci_address": pci_address,
