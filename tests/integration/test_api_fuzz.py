@@ -32,7 +32,7 @@ TIME_LIMIT_S = 150.0
 WRITES = frozenset({"POST", "PUT", "DELETE"})
 REFUSED = frozenset({401, 403})
 
-pytestmark = pytest.mark.timeout(TIME_LIMIT_S + 60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TIME_LIMIT_S + 60)]
 
 
 async def fetch_schema(served: Served) -> object:

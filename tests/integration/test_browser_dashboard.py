@@ -62,7 +62,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-pytestmark = pytest.mark.xdist_group("browser")  # one Chromium at a time: ~1 GiB and a core
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]  # one Chromium: ~1 GiB, a core
 
 REPO = Path(__file__).resolve().parents[2]
 METALGUARD = Path(sys.executable).parent / "metalguard"
