@@ -125,6 +125,11 @@ class JobsSection(_Section, frozen=True):
     hang_timeout_s: Annotated[float, msgspec.Meta(ge=0)] = 1800.0
     """The hang timeout of a job that sets no ``hang_timeout``: a member whose step stands
     still this long, once it has reported progress, makes the job hung (0: off)."""
+    blame_min_jobs: Annotated[int, msgspec.Meta(ge=1)] = 3
+    """A node blamed by the failed, crashed or hung generations of this many different
+    jobs (their other nodes not failing) ..."""
+    blame_window_s: Annotated[float, msgspec.Meta(gt=0)] = 86_400.0
+    """... within this window is suspected: SUB_HEALTHY for the window (docs/jobs.md)."""
 
 
 class ProvisionNodeSection(_Section, frozen=True):

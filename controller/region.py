@@ -36,6 +36,7 @@ from metalguard.controller.core.decide import (
     decide_operator,
     decide_running,
     decide_silence,
+    decide_suspects,
     event_input,
     steady_batch,
 )
@@ -377,6 +378,28 @@ class RegionController:
 
             def round_(g: dict[str, int] = group) -> Outcome:
                 return decide_running(self.store.records, g, self._clock(), self._cfg)
+
+            announced += await self._round(node, round_, received)
+        return tuple(announced)
+
+    async def report_suspects(
+        self, suspects: Mapping[str, tuple[str, ...]], until: float
+    ) -> tuple[ControllerEvent, ...]:
+        """The job manager's blame (node handle → the jobs whose failures point at it):
+        one round per cluster; a HEALTHY node becomes SUB_HEALTHY until ``until``."""
+        received = self._clock()
+        by_cluster: dict[ClusterKey, dict[str, tuple[str, ...]]] = {}
+        for handle, jobs in suspects.items():
+            record = self.store.records.get(handle)
+            if record is not None:
+                key = (record.node.region, record.node.cluster)
+                by_cluster.setdefault(key, {})[handle] = jobs
+        announced: list[ControllerEvent] = []
+        for group in by_cluster.values():
+            node = self.store.records[next(iter(group))].node
+
+            def round_(g: dict[str, tuple[str, ...]] = group) -> Outcome:
+                return decide_suspects(self.store.records, g, until, self._clock(), self._cfg)
 
             announced += await self._round(node, round_, received)
         return tuple(announced)

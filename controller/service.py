@@ -227,10 +227,15 @@ async def _serve(
         store,
         subjects,
         cfg.region,
-        JobSettings(hang_timeout_s=cfg.jobs.hang_timeout_s),
+        JobSettings(
+            hang_timeout_s=cfg.jobs.hang_timeout_s,
+            blame_min_jobs=cfg.jobs.blame_min_jobs,
+            blame_window_s=cfg.jobs.blame_window_s,
+        ),
         fleet=controller.topology.fleet,
         leading=leadership.leading,
         report_running=controller.report_running,
+        report_suspects=controller.report_suspects,
     )
     ingest = start_ingest(js, subjects, cfg.region, controller, instance, settings)
     federation = None

@@ -54,6 +54,11 @@ class NodeRecord(Message, frozen=True, tag="node_record"):
     """A repeat offender: stays out until an operator uncordons it."""
     rail_flagged: bool = False
     """Would have been isolated, but the safety rail held it in service."""
+    suspect_jobs: tuple[str, ...] = ()
+    """Jobs whose failed, crashed or hung generations the job manager blames on this node
+    (their other members' nodes were not): it is kept SUB_HEALTHY until ``suspect_until``."""
+    suspect_until: float | None = None
+    """Controller time the suspicion ends (an operator's uncordon ends it sooner)."""
     unreachable_from: Grade | None = None
     """While UNREACHABLE: the grade it had when it went silent."""
     running_jobs: NonNegInt | None = None

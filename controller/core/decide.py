@@ -26,6 +26,7 @@ from metalguard.controller.core.lifecycle import (
     check_silence,
     observe,
     operator,
+    suspect,
     to_event,
     update_jobs,
 )
@@ -358,6 +359,29 @@ def decide_running(
         if t.record != record:
             changed[handle] = t.record
             events += _events(t.decisions, handle, f"j{_ms(now)}")
+    return Outcome(changed, {}, tuple(events))
+
+
+def decide_suspects(
+    records: Mapping[str, NodeRecord],
+    suspects: Mapping[str, tuple[str, ...]],
+    until: float,
+    now: float,
+    cfg: LifecycleConfig,
+) -> Outcome:
+    """The job manager's blame: each node (by handle) and the jobs whose failures it is
+    blamed for; a HEALTHY one becomes SUB_HEALTHY until ``until`` (event ids tagged
+    ``f<now ms>``). A node not in ``records`` is skipped."""
+    changed: dict[str, NodeRecord] = {}
+    events: list[ControllerEvent] = []
+    for handle, jobs in sorted(suspects.items()):
+        record = records.get(handle)
+        if record is None:
+            continue
+        t = suspect(record, jobs, until, now, cfg)
+        if t.record != record:
+            changed[handle] = t.record
+            events += _events(t.decisions, handle, f"f{_ms(now)}")
     return Outcome(changed, {}, tuple(events))
 
 

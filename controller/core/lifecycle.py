@@ -9,6 +9,7 @@ it is kept.  The types live in :mod:`controller.lifecycle_model` and are re-expo
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from msgspec.structs import replace
@@ -48,11 +49,13 @@ __all__ = [
     "Transition",
     "accepts_new_work",
     "check_silence",
+    "is_suspected",
     "observe",
     "operator",
     "recent_isolations",
     "silence_due_ts",
     "silence_limit_s",
+    "suspect",
     "to_event",
     "update_jobs",
 ]
@@ -64,6 +67,11 @@ def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Trans
     """Take in one assessment: update the score and move the grade if the rules say so."""
     if _is_replay(record, obs):
         return Transition(record)
+    if obs.deserved == "HEALTHY" and is_suspected(record, obs.ts):
+        # blamed for other jobs' failures: clean telemetry does not clear that
+        obs = dataclasses.replace(
+            obs, grade="SUB_HEALTHY", reasons=(*obs.reasons, suspect_reason(record))
+        )
     base = _absorb(record, obs, cfg)
     deserved = obs.deserved
     if deserved != "HEALTHY" and obs.sent_ts is not None:
@@ -123,6 +131,47 @@ def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Trans
         (reason,),
         f"{cycles} consecutive clean assessments: back in service",
         action="release" if record.grade in OUT_OF_SERVICE else None,
+    )
+
+
+def is_suspected(record: NodeRecord, now: float) -> bool:
+    """Whether the job manager's blame still holds the node (``suspect_until``)."""
+    return record.suspect_until is not None and now < record.suspect_until
+
+
+def suspect_reason(record: NodeRecord) -> Reason:
+    """Why a suspected node is SUB_HEALTHY: the jobs that failed on it."""
+    jobs = record.suspect_jobs
+    return Reason(
+        signal="jobs.failures",
+        value=len(jobs),
+        rule="job_failures",
+        message=(
+            f"in failed, crashed or hung generations of {len(jobs)} different jobs "
+            f"({', '.join(jobs)}) while their other nodes were not"
+        ),
+    )
+
+
+def suspect(
+    record: NodeRecord, jobs: tuple[str, ...], until: float, now: float, cfg: LifecycleConfig
+) -> Transition:
+    """The job manager blames the node for ``jobs``' failures: SUB_HEALTHY (no new work,
+    running jobs finish) until ``until``, whatever its telemetry says; a node already in
+    a worse grade keeps it."""
+    if jobs == record.suspect_jobs and until == record.suspect_until:
+        return Transition(record)
+    base = replace(record, suspect_jobs=jobs, suspect_until=until, updated_ts=now)
+    if record.grade != "HEALTHY" or record.held or record.maintenance:
+        return Transition(base)
+    reason = suspect_reason(base)
+    return change_grade(
+        replace(base, clean_cycles=0, reasons=(reason,)),
+        "SUB_HEALTHY",
+        now,
+        cfg,
+        (reason,),
+        f"suspected: {reason.message}; no new work, running jobs continue",
     )
 
 
@@ -451,6 +500,8 @@ def _uncordon(
         maintenance=False,
         held=False,
         rail_flagged=False,
+        suspect_jobs=(),
+        suspect_until=None,
         isolations=(),
         clean_cycles=0,
         operator_reason="",

@@ -313,7 +313,12 @@ def _watch_running(status: JobStatus, world: World) -> Step:
             steps = ",".join(f"{m.rank}={m.step}" for m in status.members)
             default = " (the controller's default)" if by_default else ""
             why = f"no progress for {timeout:g} s{default} (last steps {steps})"
-            attrs = {"last_steps": steps, "hang_timeout": timeout, "by_default": by_default}
+            attrs = {
+                "last_steps": steps,
+                "hang_timeout": timeout,
+                "by_default": by_default,
+                "nodes": ",".join(sorted({m.node for m in hung})),
+            }
             return _restart(status, "hang", world, why, "job.hung", attrs)
     return Step(status)
 

@@ -36,7 +36,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
-from metalguard.controller.jobs import machine
+from metalguard.controller.jobs import blame, machine
 from metalguard.controller.jobs.machine import Emit, Send, Step, Timings, World
 from metalguard.controller.jobs.scheduler import (
     FleetNode,
@@ -84,6 +84,10 @@ class JobSettings:
     """... up to this (docs/jobs.md "Refused starts")."""
     hang_timeout_s: float = 1800.0
     """The hang timeout of a job that sets none (``[jobs] hang_timeout_s``; 0: off)."""
+    blame_min_jobs: int = 3
+    """A node blamed by the failed generations of this many different jobs ..."""
+    blame_window_s: float = 86_400.0
+    """... within this window is suspected (SUB_HEALTHY for the window; docs/jobs.md)."""
 
 
 FleetView = Callable[[Mapping[str, NodeRecord]], list[FleetNode]]
@@ -113,9 +117,17 @@ class JobManager:
         clock: Callable[[], float] = time.time,
         leading: Callable[[], bool] = lambda: True,
         report_running: Callable[[Mapping[str, int]], Awaitable[object]] | None = None,
+        report_suspects: Callable[[Mapping[str, tuple[str, ...]], float], Awaitable[object]]
+        | None = None,
     ) -> None:
         self._nc = nc
         self._report_running = report_running
+        self._report_suspects = report_suspects
+        """Takes the nodes newly blamed for other jobs' failures and when their suspicion
+        ends (the region controller's ``report_suspects``)."""
+        self._failures: list[blame.Failure] = []
+        """Failed generations blamed on nodes, within the blame window (in memory: a
+        restarted controller starts counting again)."""
         """Takes each node's changed count of unfinished job members (the region
         controller's ``report_running``: a decision round)."""
         self._js = js
@@ -283,6 +295,28 @@ class JobManager:
             await self._queue_pass(records, world)
             self._forget_replies()
             await self._report(records)
+            await self._blame(records)
+
+    async def _blame(self, records: Mapping[str, NodeRecord]) -> None:
+        """Hand the region controller the nodes newly blamed by ``blame_min_jobs`` jobs'
+        failures (docs/jobs.md "Blame"); a failure is logged, the next pass tries again."""
+        now = self._clock()
+        window = self.settings.blame_window_s
+        self._failures = blame.recent(self._failures, now, window)
+        if self._report_suspects is None or not self._failures:
+            return
+        found = blame.suspects(self._failures, now, window, self.settings.blame_min_jobs)
+        new = {
+            h: jobs
+            for h, jobs in found.items()
+            if (r := records.get(h)) is not None and r.suspect_jobs != jobs
+        }
+        if not new:
+            return
+        try:
+            await self._report_suspects(new, now + window)
+        except Exception as exc:  # NATS down, a store conflict: next pass tries again
+            log.warning("suspected nodes not handed to the region controller: %s", exc)
 
     async def _report(self, records: Mapping[str, NodeRecord]) -> None:
         """Hand the nodes whose count of unfinished job members changed to the region
@@ -341,12 +375,17 @@ class JobManager:
         changed first takes neither: its events leave the outbox, its commands stay unsent
         (the next pass decides again from the fresh status)."""
         status = step.status
+        before = self._live.get(status.job_id)
         events = self._events(status, step.emits)
         await self.store.add_pending(events)
-        if status != self._live.get(status.job_id) and not await self._write(status, force=True):
+        if status != before and not await self._write(status, force=True):
             await self._abandon(events)
             return
         await self._publish(events)
+        members = before.members if before is not None else ()
+        for emit in step.emits:
+            for node in blame.blamed_nodes(emit.kind, emit.attributes, members):
+                self._failures.append(blame.Failure(node, status.job_id, self._clock()))
         for send in step.sends:
             self._send(status, send)
 

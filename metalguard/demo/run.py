@@ -485,6 +485,7 @@ async def _start_region(
         DEMO_JOBS,
         fleet=controller.topology.fleet,
         report_running=controller.report_running,
+        report_suspects=controller.report_suspects,
     )
     federation = Federation(
         nc,

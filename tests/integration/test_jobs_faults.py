@@ -86,6 +86,50 @@ async def test_a_job_that_sets_no_hang_timeout_is_caught_by_the_default(
         assert done.crashes == 1
 
 
+async def test_a_node_that_hangs_three_different_jobs_becomes_sub_healthy_naming_them(
+    tmp_path: Path, nats_url: str, nc: Client, subjects: Subjects
+) -> None:
+    """docs/jobs.md "Blame": the failed generations of [jobs] blame_min_jobs (3) different
+    jobs on one node make it SUB_HEALTHY, the jobs named in its reason."""
+    async with jobs_env(tmp_path, nats_url, nc, subjects, racks=1, nodes_per_rack=1) as env:
+        (name,) = env.fleet.node_names
+        node = env.handle(name)
+        records = env.region.store.records
+        failed = []
+        for k in range(3):
+            assert records[node].grade == "HEALTHY"  # two jobs' failures are not enough
+            job_id = await env.submit(
+                f"hangs-{k}",
+                100,
+                nodes=1,
+                hang_timeout=1.0,
+                max_restarts=0,
+                trainer_args=["--hang-at-step", "5"],
+            )
+            done = await env.wait_state(job_id, TERMINAL_JOB_STATES, 60)
+            assert done.state == "failed", done.history
+            failed.append(job_id)
+        # SUB_HEALTHY, and with no job left on it MAINTENANCE at its next batch (a
+        # sub-healthy node drains), its clean batches no cure while the suspicion holds
+        await wait_until(
+            lambda: bool(env.of("node.sub_healthy")) and records[node].grade == "MAINTENANCE",
+            30,
+            "SUB_HEALTHY, then MAINTENANCE",
+        )
+        assert records[node].suspect_jobs == tuple(sorted(failed))
+        (event,) = [e for e in env.of("node.sub_healthy") if e.node and e.node.handle == node]
+        assert event.reasons[0].signal == "jobs.failures"
+        for job_id in failed:
+            assert job_id in event.reasons[0].message
+        # no new work for it: a new job waits in the queue
+        waiting = await env.submit("waits", 20, nodes=1)
+        await env.wait_state(waiting, {"queued"})
+        await env.region.operator_action(node, "uncordon", "GPU swapped", "ann")
+        assert records[node].suspect_jobs == ()
+        done = await env.wait_state(waiting, TERMINAL_JOB_STATES, 60)
+        assert done.state == "succeeded"
+
+
 async def test_a_job_that_always_crashes_fails_without_blocking_the_fleet(env: JobsEnv) -> None:
     crasher = await env.submit(
         "crashes", 100, max_restarts=2, checkpoint_every=0.3, trainer_args=["--crash-at-step", "15"]

@@ -129,6 +129,7 @@ class JobsEnv:
         self.manager = JobManager(
             self.nc, js, store, self.region.store, self.subjects, REGION, self.settings,
             fleet=self.region.topology.fleet, report_running=self.region.report_running,
+            report_suspects=self.region.report_suspects,
         )  # fmt: skip
         await self.manager.start()
 
@@ -175,6 +176,7 @@ async def jobs_env(
     manager = JobManager(
         nc, js, await JobStore.open(js, subjects), store, subjects, REGION, settings,
         fleet=region.topology.fleet, report_running=region.report_running,
+        report_suspects=region.report_suspects,
     )  # fmt: skip
     env = JobsEnv(nc, subjects, fleet, region, ingest, manager, tmp_path / "ckpt", settings)
     sub = await nc.subscribe(subjects.control_all(REGION), cb=env.on_event)

@@ -1,0 +1,63 @@
+"""Which nodes the failures of jobs point at (docs/jobs.md "Blame"). Pure.
+
+A job's generation fails on a node when a member there crashed or hung while the job's
+other members (on other nodes) did not: the node, not the job, is then the likely cause.
+A node blamed by the failures of ``min_jobs`` different jobs within ``window_s`` is a
+suspect: the region controller keeps it SUB_HEALTHY (no new work; its jobs finish), and
+the failed jobs' own restarts, which go back to the same nodes only when all are
+HEALTHY, are placed without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from metalguard.proto.base import AttrValue
+from metalguard.proto.jobs import MemberState
+
+FAILURE_KINDS = frozenset({"job.crashed", "job.hung"})
+"""The job events whose members' nodes are blamed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """One failed generation of one job, blamed on one node."""
+
+    node: str
+    job_id: str
+    ts: float
+
+
+def blamed_nodes(
+    kind: str, attributes: Mapping[str, AttrValue], members: Sequence[MemberState]
+) -> tuple[str, ...]:
+    """The nodes a ``job.crashed`` or ``job.hung`` event blames: the crashed rank's node,
+    or the hung members' nodes, when the job's other members' nodes are not among them
+    (a job whose every node failed blames none of them: the job itself is the likely
+    cause), or the job has one node."""
+    if kind not in FAILURE_KINDS:
+        return ()
+    listed = attributes.get("node") if kind == "job.crashed" else attributes.get("nodes")
+    failed = {n for n in str(listed or "").split(",") if n}
+    every = {m.node for m in members}
+    if not failed or (failed >= every and len(every) > 1):
+        return ()
+    return tuple(sorted(failed))
+
+
+def suspects(
+    failures: Iterable[Failure], now: float, window_s: float, min_jobs: int
+) -> dict[str, tuple[str, ...]]:
+    """Node → the different jobs (sorted) blaming it within the window, for the nodes
+    blamed by at least ``min_jobs`` of them."""
+    jobs: dict[str, set[str]] = {}
+    for f in failures:
+        if f.ts > now - window_s:
+            jobs.setdefault(f.node, set()).add(f.job_id)
+    return {node: tuple(sorted(ids)) for node, ids in jobs.items() if len(ids) >= min_jobs}
+
+
+def recent(failures: Iterable[Failure], now: float, window_s: float) -> list[Failure]:
+    """The failures still inside the window."""
+    return [f for f in failures if f.ts > now - window_s]
