@@ -52,8 +52,10 @@ def why_no_new_work(grade: str, *, cordoned: bool, held: bool, rail_flagged: boo
 
 
 def takes_new_work(grade: str, *, cordoned: bool, held: bool, rail_flagged: bool) -> bool:
-    """Whether a node of this grade and these flags may be given new work."""
-    return why_no_new_work(grade, cordoned=cordoned, held=held, rail_flagged=rail_flagged) is None
+    """Whether a node of this grade and these flags may be given new work (the same answer
+    as :func:`why_no_new_work` is None, without building its sentence: the scheduler asks
+    it for every node of every pass)."""
+    return grade == NEW_WORK_GRADE and not (cordoned or held or rail_flagged)
 
 
 def record_takes_new_work(record: NodeRecord) -> bool:
