@@ -17,11 +17,12 @@ neither loses nor duplicates it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from array import array
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from nats.errors import Error as NatsError
@@ -62,6 +63,7 @@ from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
 from metalguard.runtime.deadlines import wait_event
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 STOP_WAIT_S = 10.0
 """How long :meth:`RegionController.stop` waits for its cancelled silence task."""
@@ -365,43 +367,42 @@ class RegionController:
         """The job manager's count of unfinished job members per node (by handle): one
         round per cluster, under its lock (a SUB_HEALTHY node whose last job ended enters
         MAINTENANCE); the events announced. Nodes the store does not know are skipped."""
-        received = self._clock()
-        by_cluster: dict[ClusterKey, dict[str, int]] = {}
-        for handle, count in counts.items():
-            record = self.store.records.get(handle)
-            if record is not None and record.running_jobs != count:
-                key = (record.node.region, record.node.cluster)
-                by_cluster.setdefault(key, {})[handle] = count
-        announced: list[ControllerEvent] = []
-        for group in by_cluster.values():
-            node = self.store.records[next(iter(group))].node
-
-            def round_(g: dict[str, int] = group) -> Outcome:
-                return decide_running(self.store.records, g, self._clock(), self._cfg)
-
-            announced += await self._round(node, round_, received)
-        return tuple(announced)
+        records = self.store.records
+        changed = {
+            h: n
+            for h, n in counts.items()
+            if (r := records.get(h)) is not None and r.running_jobs != n
+        }
+        return await self._rounds_by_cluster(
+            changed, lambda g: decide_running(self.store.records, g, self._clock(), self._cfg)
+        )
 
     async def report_suspects(
         self, suspects: Mapping[str, tuple[str, ...]], until: float
     ) -> tuple[ControllerEvent, ...]:
         """The job manager's blame (node handle → the jobs whose failures point at it):
         one round per cluster; a HEALTHY node becomes SUB_HEALTHY until ``until``."""
+        return await self._rounds_by_cluster(
+            suspects,
+            lambda g: decide_suspects(self.store.records, g, until, self._clock(), self._cfg),
+        )
+
+    async def _rounds_by_cluster(
+        self, inputs: Mapping[str, _T], decide_group: Callable[[dict[str, _T]], Outcome]
+    ) -> tuple[ControllerEvent, ...]:
+        """One round per cluster of the known nodes among ``inputs`` (by handle), each
+        deciding its group under the cluster's lock; the events announced."""
         received = self._clock()
-        by_cluster: dict[ClusterKey, dict[str, tuple[str, ...]]] = {}
-        for handle, jobs in suspects.items():
+        by_cluster: dict[ClusterKey, dict[str, _T]] = {}
+        for handle, value in inputs.items():
             record = self.store.records.get(handle)
             if record is not None:
                 key = (record.node.region, record.node.cluster)
-                by_cluster.setdefault(key, {})[handle] = jobs
+                by_cluster.setdefault(key, {})[handle] = value
         announced: list[ControllerEvent] = []
         for group in by_cluster.values():
             node = self.store.records[next(iter(group))].node
-
-            def round_(g: dict[str, tuple[str, ...]] = group) -> Outcome:
-                return decide_suspects(self.store.records, g, until, self._clock(), self._cfg)
-
-            announced += await self._round(node, round_, received)
+            announced += await self._round(node, functools.partial(decide_group, group), received)
         return tuple(announced)
 
     async def check_silence(self) -> tuple[ControllerEvent, ...]:

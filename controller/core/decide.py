@@ -10,9 +10,9 @@ same ids, so a republished event is dropped by the ``<P>_CONTROL`` duplicate win
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeGuard
+from typing import TypeGuard, TypeVar
 
 from msgspec.structs import replace
 
@@ -65,6 +65,7 @@ def is_fatal_event(event: NodeEvent) -> bool:
 
 
 FATAL_EVENT_SCORE = 0.0
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,17 +350,7 @@ def decide_running(
     handle; a node not in ``records`` is skipped): a SUB_HEALTHY node whose count is 0
     enters MAINTENANCE, "sub-healthy and its last job ended" (event ids tagged
     ``j<now ms>``)."""
-    changed: dict[str, NodeRecord] = {}
-    events: list[ControllerEvent] = []
-    for handle, count in sorted(counts.items()):
-        record = records.get(handle)
-        if record is None:
-            continue
-        t = update_jobs(record, count, now, cfg)
-        if t.record != record:
-            changed[handle] = t.record
-            events += _events(t.decisions, handle, f"j{_ms(now)}")
-    return Outcome(changed, {}, tuple(events))
+    return _per_node(records, counts, lambda r, n: update_jobs(r, n, now, cfg), f"j{_ms(now)}")
 
 
 def decide_suspects(
@@ -372,16 +363,28 @@ def decide_suspects(
     """The job manager's blame: each node (by handle) and the jobs whose failures it is
     blamed for; a HEALTHY one becomes SUB_HEALTHY until ``until`` (event ids tagged
     ``f<now ms>``). A node not in ``records`` is skipped."""
+    return _per_node(
+        records, suspects, lambda r, jobs: suspect(r, jobs, until, now, cfg), f"f{_ms(now)}"
+    )
+
+
+def _per_node(
+    records: Mapping[str, NodeRecord],
+    inputs: Mapping[str, _T],
+    change: Callable[[NodeRecord, _T], Transition],
+    tag: str,
+) -> Outcome:
+    """``change`` applied to each known node's record with its input, in handle order."""
     changed: dict[str, NodeRecord] = {}
     events: list[ControllerEvent] = []
-    for handle, jobs in sorted(suspects.items()):
+    for handle, value in sorted(inputs.items()):
         record = records.get(handle)
         if record is None:
             continue
-        t = suspect(record, jobs, until, now, cfg)
+        t = change(record, value)
         if t.record != record:
             changed[handle] = t.record
-            events += _events(t.decisions, handle, f"f{_ms(now)}")
+            events += _events(t.decisions, handle, tag)
     return Outcome(changed, {}, tuple(events))
 
 
