@@ -45,6 +45,7 @@ async def test_cordon_keeps_the_job_maintenance_moves_it_uncordon_gives_work_aga
         assert moved.attributes["cause"] == "maintenance"
         assert env.of("job.checkpointed", job_id)[0].attributes["fresh"] is True
         assert node not in env.job(job_id).placement
+        await wait_until(lambda: bool(env.of("node.maintenance")), 30, "node.maintenance")
         maintenance = [e for e in env.of("node.maintenance") if e.node and e.node.handle == node]
         assert maintenance[0].attributes["by"] == "operator:ann"
 

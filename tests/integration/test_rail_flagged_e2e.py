@@ -53,6 +53,7 @@ async def test_three_of_ten_failing_one_isolated_two_flagged_and_given_no_new_wo
         for event in env.of("node.rail_flagged"):
             assert event.attributes["flagged"] is True
             assert event.attributes["by"] == "rail"
+        await wait_until(lambda: bool(env.of("rail.tripped")), 30, "rail.tripped")
         assert len(env.of("rail.tripped")) == 1
 
         # new work: 10 - 1 isolated - 2 flagged = 7 nodes take it

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 from nats.aio.client import Client
 
+from metalguard.proto.events import ControllerEvent
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
 from metalguard.proto.subjects import Subjects
 from tests.support.harness.jobs_env import LIFECYCLE, expected_digest, jobs_env
@@ -38,7 +39,9 @@ async def test_a_sub_healthy_nodes_job_finishes_where_it_runs_then_the_node_drai
         await env.wait_step(job_id, 20)
         victim = first.placement[1]
         env.fleet.apply("pcie_downgrade", victim.rsplit(".", 1)[-1])
-        await wait_until(lambda: records[victim].grade == "SUB_HEALTHY", 30, "SUB_HEALTHY")
+        # the record changes before its event reaches the subscriber: wait for the event
+        await wait_until(lambda: bool(env.of("node.sub_healthy")), 30, "node.sub_healthy")
+        assert records[victim].grade == "SUB_HEALTHY"
         sub_healthy = env.of("node.sub_healthy")
         assert [e.node.handle for e in sub_healthy if e.node] == [victim]
 
@@ -49,8 +52,12 @@ async def test_a_sub_healthy_nodes_job_finishes_where_it_runs_then_the_node_drai
         assert done.restarts == 0
         assert not env.of("job.rescheduled", job_id)
 
-        await wait_until(lambda: records[victim].grade == "MAINTENANCE", 30, "MAINTENANCE")
-        (entered,) = [e for e in env.of("node.maintenance") if e.node and e.node.handle == victim]
+        def maintenance() -> list[ControllerEvent]:
+            return [e for e in env.of("node.maintenance") if e.node and e.node.handle == victim]
+
+        await wait_until(lambda: bool(maintenance()), 30, "node.maintenance")
+        (entered,) = maintenance()
+        assert records[victim].grade == "MAINTENANCE"
         assert entered.message == "sub-healthy and its last job ended"
         assert entered.attributes["grade_from"] == "SUB_HEALTHY"
         assert any(r.signal == "lifecycle.running_jobs" for r in entered.reasons)
@@ -80,6 +87,7 @@ async def test_past_the_drain_limit_the_job_is_moved_with_a_fresh_checkpoint(
         victim = first.placement[1]
         env.fleet.apply("pcie_downgrade", victim.rsplit(".", 1)[-1])
         await wait_until(lambda: bool(env.of("job.rescheduled", job_id)), 60, "the move")
+        await wait_until(lambda: bool(env.of("node.maintenance")), 30, "node.maintenance")
         entered = [e for e in env.of("node.maintenance") if e.node and e.node.handle == victim]
         assert entered[0].attributes["action"] == "isolate"
         assert "its remaining jobs are moved" in entered[0].message
