@@ -330,13 +330,16 @@ def decide_operator(
     if t.record == record and not t.decisions:
         return Outcome()
     handle = record.node.handle
-    decisions = _with_flag_change(record, t, now)
+    decisions = _with_flag_change(record, t, now, f"operator:{who}")
     return Outcome({handle: t.record}, {}, _events(decisions, handle, f"o{_ms(now)}"))
 
 
-def _with_flag_change(before: NodeRecord, t: Transition, now: float) -> tuple[Decision, ...]:
-    """``t``'s decisions, and ``node.rail_flagged`` first when the rail flag changed."""
-    flag = rail_flag_change(before, t.record, now)
+def _with_flag_change(
+    before: NodeRecord, t: Transition, now: float, operator: str | None = None
+) -> tuple[Decision, ...]:
+    """``t``'s decisions, and ``node.rail_flagged`` first when the rail flag changed
+    (``operator``: an operator's action changed it)."""
+    flag = rail_flag_change(before, t.record, now, operator)
     return t.decisions if flag is None else (flag, *t.decisions)
 
 

@@ -245,9 +245,11 @@ RAIL_FLAGGED_KIND = "node.rail_flagged"
 (``flagged`` false): the node takes no new work while flagged."""
 
 
-def rail_flag_change(before: NodeRecord, after: NodeRecord, ts: float) -> Decision | None:
+def rail_flag_change(
+    before: NodeRecord, after: NodeRecord, ts: float, operator: str | None = None
+) -> Decision | None:
     """The ``node.rail_flagged`` decision when ``after`` differs from ``before`` in its rail
-    flag (None: no change)."""
+    flag (None: no change); ``operator``: the action clears it (``operator:<who>``)."""
     if before.rail_flagged == after.rail_flagged:
         return None
     if after.rail_flagged:
@@ -262,12 +264,10 @@ def rail_flag_change(before: NodeRecord, after: NodeRecord, ts: float) -> Decisi
             by="rail",
             attributes={"flagged": True},
         )
-    if after.grade == "FAILING":
+    if operator is not None:
+        why = f"an operator's action ({operator})"
+    elif after.grade == "FAILING":
         why = "the isolation the rail refused went ahead"
-    elif after.cordoned or after.grade == "MAINTENANCE":
-        why = "an operator took the node"
-    elif before.cordoned or before.held:
-        why = "an operator uncordoned it"
     else:
         why = "it assessed clean enough times"
     return node_decision(
@@ -277,5 +277,6 @@ def rail_flag_change(before: NodeRecord, after: NodeRecord, ts: float) -> Decisi
         (),
         f"rail flag cleared: {why}",
         grade_from=before.grade,
+        by=operator or "controller",
         attributes={"flagged": False, "takes_new_work": record_takes_new_work(after)},
     )

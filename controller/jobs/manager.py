@@ -122,14 +122,14 @@ class JobManager:
     ) -> None:
         self._nc = nc
         self._report_running = report_running
+        """Takes each node's changed count of unfinished job members (the region
+        controller's ``report_running``: a decision round)."""
         self._report_suspects = report_suspects
         """Takes the nodes newly blamed for other jobs' failures and when their suspicion
         ends (the region controller's ``report_suspects``)."""
         self._failures: list[blame.Failure] = []
         """Failed generations blamed on nodes, within the blame window (in memory: a
         restarted controller starts counting again)."""
-        """Takes each node's changed count of unfinished job members (the region
-        controller's ``report_running``: a decision round)."""
         self._js = js
         self.store = store
         self._nodes = nodes

@@ -69,7 +69,7 @@ def trigger_of(event: ControllerEvent) -> Trigger | None:
     if event.node is None:
         return None
     by = str(event.attributes.get("by") or "controller")
-    operator = by.startswith("operator")
+    automatic = not by.startswith("operator")
     if event.kind in EVACUATE_KINDS:
         intent: Intent = "evacuate"
     elif event.kind == "node.maintenance":
@@ -82,7 +82,7 @@ def trigger_of(event: ControllerEvent) -> Trigger | None:
         # Flagged: drained (no new work; its jobs run on). Not counted against the bridge's
         # cap: the rail has already bounded it, and a drain stops nothing that runs.
         if event.attributes.get("flagged") is True:
-            intent, operator = "drain", True
+            intent, automatic = "drain", False
         elif event.attributes.get("takes_new_work") is True:
             intent = "resume"
         else:
@@ -90,7 +90,7 @@ def trigger_of(event: ControllerEvent) -> Trigger | None:
     else:
         return None
     why = event.message or (event.reasons[0].message if event.reasons else "")
-    return Trigger(intent, event.node, event.kind, event.event_id, why, not operator)
+    return Trigger(intent, event.node, event.kind, event.event_id, why, automatic)
 
 
 def trigger_of_record(record: NodeRecord) -> Trigger | None:

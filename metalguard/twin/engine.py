@@ -477,7 +477,7 @@ class Engine:
             due = g.t0 + off + timeout + HANG_MARGIN_S
             self._at(max(self.now, due), self._hang_check, tj, g)
         # a person notices a hang nothing else caught (no timeout; the machine watches
-        # only members on HEALTHY nodes) and kills the job
+        # only members on HEALTHY and SUB_HEALTHY nodes) and kills the job
         self._at(self.now + self.policy.human_notice_s, self._kill_hung, tj, g)
 
     def _notice(self, f: Fault) -> None:

@@ -121,7 +121,9 @@ async def test_a_node_that_hangs_three_different_jobs_becomes_sub_healthy_naming
         assert event.reasons[0].signal == "jobs.failures"
         for job_id in failed:
             assert job_id in event.reasons[0].message
-        # no new work for it: a new job waits in the queue
+        # no new work for it: the scheduler's view of it, and a new job waits in the queue
+        (seen,) = [n for n in env.region.topology.fleet(records) if n.handle == node]
+        assert not seen.schedulable
         waiting = await env.submit("waits", 20, nodes=1)
         await env.wait_state(waiting, {"queued"})
         await env.region.operator_action(node, "uncordon", "GPU swapped", "ann")

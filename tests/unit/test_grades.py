@@ -140,9 +140,11 @@ def test_an_uncordon_clears_the_flag_and_says_so() -> None:
     out = decide(records, {}, inputs(10.0, 2, dict.fromkeys((1, 2), "FAILING")), 10.0, CFG)
     records |= out.records
     name = next(h for h, r in records.items() if r.rail_flagged)
-    done = decide_operator(records[name], "uncordon", "checked", "operator:ann", 20.0, CFG)
+    done = decide_operator(records[name], "uncordon", "checked", "ann", 20.0, CFG)
     flags = [e for e in done.events if e.kind == "node.rail_flagged"]
     assert [e.attributes["flagged"] for e in flags] == [False]
+    assert flags[0].message == "rail flag cleared: an operator's action (operator:ann)"
+    assert flags[0].attributes["by"] == "operator:ann"
 
 
 def test_the_slurm_bridge_drains_a_flagged_node_and_resumes_it_once_cleared() -> None:
