@@ -134,6 +134,10 @@ class WorkloadSection(_Section, frozen=True):
     """Command ids (with their replies) kept for idempotency."""
     python: str = ""
     """What a ``python``/``python3`` command runs (default: the agent's interpreter)."""
+    nvidia_smi: Annotated[str, msgspec.Meta(min_length=1)] = "nvidia-smi"
+    """The ``gpu_reset`` verb runs ``<nvidia_smi> --gpu-reset -i N`` (split like a shell)."""
+    gpu_reset_timeout_s: Seconds = 120.0
+    """How long one GPU's reset may take before the command fails."""
 
 
 CachePolicyName = Annotated[str, msgspec.Meta(pattern=r"^(auto|lru|pin)$")]

@@ -10,6 +10,7 @@ sent goes to the spool) and exits 0.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -23,6 +24,7 @@ from nats.js import JetStreamContext
 
 from metalguard.agent.batch import CycleResult, build_batch
 from metalguard.agent.collection import Collection, UnknownCollectorError, resolve_enabled
+from metalguard.agent.collectors.gpu_xids import XidLedger
 from metalguard.agent.collectors.rdma import NAME as RDMA_COLLECTOR
 from metalguard.agent.config import AgentConfig, ConfigError, load_config
 from metalguard.agent.events import detect_events
@@ -67,11 +69,17 @@ class AgentService:
         monotonic: Callable[[], float] = time.monotonic,
         env: dict[str, str] | None = None,
         udev_opener: Callable[[Iterable[str]], MonitorLike] | None = None,
+        nvml: object | None = None,
     ) -> None:
         """``env`` holds NOTIFY_SOCKET / WATCHDOG_USEC (default: the process
         environment); ``{}`` runs an agent that speaks no sd_notify (simulated fleets).
-        ``udev_opener``: what opens the uevent monitor (default: the kernel's socket)."""
+        ``udev_opener``: what opens the uevent monitor (default: the kernel's socket).
+        ``nvml``: the NVML binding of the gpu collector and the XID watcher (default:
+        nvidia-ml-py's; a simulated fleet gives its own)."""
         self._env = env
+        self._nvml = nvml
+        self.xids = XidLedger()
+        """Each GPU's XIDs, from the watcher to the gpu collector, until a GPU reset."""
         self._udev_opener = udev_opener
         self._config_path = config_path
         self._wall = wall_clock
@@ -95,7 +103,7 @@ class AgentService:
         self.identity: NodeIdentity = node_identity(config)
         self.collection = Collection(
             names,
-            collector_settings(config),
+            dataclasses.replace(collector_settings(config), nvml=self._nvml, xid_ledger=self.xids),
             base_interval_s=config.collect.interval_s,
             intervals=dict(config.collect.intervals),
             timeout_s=config.collect.timeout_s,
@@ -251,6 +259,8 @@ class AgentService:
             self._publisher.subjects,
             wall_clock=self._wall,
             datasets=lambda: dataset_dirs(self.config.cache),
+            xids=self.xids,
+            on_gpu_reset=self.expedite_gpu,
         )
         try:
             await workload.start()
@@ -284,6 +294,17 @@ class AgentService:
             self._wake.set()
         await self._emit(event)
 
+    async def _emit_xid(self, event: NodeEvent) -> None:
+        """An XID is published at once, and the gpu collector reads its GPU again in the
+        next cycle (the XID is in that reading's ``xid_errors``)."""
+        self.expedite_gpu()
+        await self._emit(event)
+
+    def expedite_gpu(self) -> None:
+        """Read the GPUs in the next cycle (an XID came, or a GPU was reset)."""
+        if self.collection.expedite(("gpu",)):
+            self._wake.set()
+
     def _start_event_sources(self) -> list[asyncio.Task[None]]:
         """Start the uevent monitor and the GPU XID watcher as configured.  The monitor's
         socket is opened here, before READY=1, so no uevent after READY is missed;
@@ -304,8 +325,10 @@ class AgentService:
         if events.gpu_xid and "gpu" in self.collection.names:
             from metalguard.agent.collectors.gpu import XidWatcher
 
-            watcher = XidWatcher(lambda: self.identity, clock=self._wall)
-            tasks.append(self._guarded(watcher.run(self._emit), "gpu-xid"))
+            watcher = XidWatcher(
+                lambda: self.identity, nvml=self._nvml, xids=self.xids, clock=self._wall
+            )
+            tasks.append(self._guarded(watcher.run(self._emit_xid), "gpu-xid"))
         return tasks
 
     def _guarded(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:

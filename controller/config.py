@@ -132,6 +132,18 @@ class JobsSection(_Section, frozen=True):
     """... within this window is suspected: SUB_HEALTHY for the window (docs/jobs.md)."""
 
 
+class RemediationSection(_Section, frozen=True):
+    """``[remediation]``: what the controller asks of a node's own hardware once the node
+    is out of the way (docs/decisions.md, "GPU")."""
+
+    gpu_reset: bool = True
+    """Reset the GPUs of a drained node whose GPUs wait for a reset (``gpu_reset``)."""
+    power_cycle: bool = True
+    """Power-cycle through its BMC a node FAILING for a lost GPU (XID 79)."""
+    timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 300.0
+    """How long one remedy's reply may take."""
+
+
 class ProvisionNodeSection(_Section, frozen=True):
     """One ``[[provision.nodes]]`` entry: a node the service may deploy and its boot MAC."""
 
@@ -231,6 +243,8 @@ class ControllerConfig(_Section, frozen=True):
     federation: FederationSection = FederationSection()
     jobs: JobsSection = JobsSection()
     """``[jobs]``: the job manager's defaults (docs/jobs.md)."""
+    remediation: RemediationSection = RemediationSection()
+    """``[remediation]``: GPU resets and power cycles (docs/decisions.md)."""
     topology: TopologySection = TopologySection()
     """``[topology]``: zones of clusters, per-rack and per-node overrides of what the
     nodes report (docs/scheduler.md)."""

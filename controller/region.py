@@ -39,6 +39,7 @@ from metalguard.controller.core.decide import (
     decide_silence,
     decide_suspects,
     event_input,
+    slurm_job_count,
     steady_batch,
 )
 from metalguard.controller.core.handles import ClusterKey
@@ -56,7 +57,7 @@ from metalguard.controller.state.store import NodeStore, StoreConflictError
 from metalguard.controller.stopping import cancel_within
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.codec import encode
-from metalguard.proto.events import ControllerEvent, NodeEvent
+from metalguard.proto.events import SLURM_JOBS_KIND, ControllerEvent, NodeEvent
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import QosInterfaceStatus, TelemetryBatch
@@ -267,8 +268,12 @@ class RegionController:
         return True
 
     async def on_node_event(self, event: NodeEvent, received_ts: float) -> None:
-        """Act on a fatal NodeEvent at once, as a fatal assessment (other kinds: ignored)."""
+        """Act on a fatal NodeEvent at once, as a fatal assessment; take the Slurm bridge's
+        ``slurm_jobs`` in as the node's count of Slurm jobs (other kinds: ignored)."""
         if not self._ours(event.node):
+            return
+        if event.kind == SLURM_JOBS_KIND:
+            await self.report_slurm_jobs(event, received_ts)
             return
 
         def make() -> NodeInput | None:
@@ -376,6 +381,37 @@ class RegionController:
         return await self._rounds_by_cluster(
             changed, lambda g: decide_running(self.store.records, g, self._clock(), self._cfg)
         )
+
+    async def report_slurm_jobs(
+        self, event: NodeEvent, received_ts: float
+    ) -> tuple[ControllerEvent, ...]:
+        """The Slurm bridge's count of a node's active Slurm jobs (a ``slurm_jobs``
+        NodeEvent): a round under the node's cluster lock, as :meth:`report_running` (a
+        SUB_HEALTHY node whose last job ended enters MAINTENANCE); the events announced.
+        A node the store does not know is skipped; a count that is not an integer >= 0 is
+        logged and dropped (the bridge sends the node's count again when it changes)."""
+        handle = event.node.handle
+        count = slurm_job_count(event)
+        if count is None:
+            log.warning(
+                "ignoring %s event %s of %s: its 'running' attribute is %r, not a count of "
+                "jobs (an integer >= 0)",
+                event.kind,
+                event.event_id,
+                handle,
+                event.attributes.get("running"),
+            )
+            return ()
+        record = self.store.records.get(handle)
+        if record is None or record.slurm_jobs == count:
+            return ()
+        tag = f"e{event.event_id}"
+
+        def decide_group(group: dict[str, int]) -> Outcome:
+            records = self.store.records
+            return decide_running(records, group, received_ts, self._cfg, source="slurm", tag=tag)
+
+        return await self._rounds_by_cluster({handle: count}, decide_group)
 
     async def report_suspects(
         self, suspects: Mapping[str, tuple[str, ...]], until: float

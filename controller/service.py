@@ -46,6 +46,7 @@ from metalguard.controller.provision.run import Provisioning
 from metalguard.controller.provision.storage import StorageError
 from metalguard.controller.qos import QosStore
 from metalguard.controller.region import RegionController
+from metalguard.controller.remediation import Remediation, remediation_verbs
 from metalguard.controller.shards.service import serve_shards
 from metalguard.controller.state.store import NodeStore
 from metalguard.controller.state.streams import ensure_streams
@@ -237,6 +238,16 @@ async def _serve(
         report_running=controller.report_running,
         report_suspects=controller.report_suspects,
     )
+    remediation = Remediation(  # docs/decisions.md, "GPU"
+        nc,
+        js,
+        store,
+        subjects,
+        cfg.region,
+        verbs=remediation_verbs(cfg.remediation),
+        timeout_s=cfg.remediation.timeout_s,
+        leading=leadership.leading,
+    )
     ingest = start_ingest(js, subjects, cfg.region, controller, instance, settings)
     federation = None
     if cfg.federation.enabled:
@@ -293,6 +304,7 @@ async def _serve(
         tune_gc()  # state loaded: freeze it, raise the thresholds (docs/ingest.md)
         await ingest.start()
         await jobs.start()
+        await remediation.start()
         if provisioning is not None:
             await provisioning.start()
         if federation is not None:
@@ -313,6 +325,7 @@ async def _serve(
             await provisioning.stop()
         if federation is not None:
             await federation.stop()
+        await remediation.stop()
         await jobs.stop()
         await ingest.stop()
         await controller.stop()

@@ -35,10 +35,15 @@ NODE_EVENT_KINDS: frozenset[str] = frozenset(
         "job_checkpointed",
         "slurm_down",
         "slurm_up",
+        "slurm_jobs",
     }
 )
 """Kinds the agent (and the Slurm bridge, for Slurm's own view) emits today; consumers
 must accept kinds they do not know."""
+SLURM_JOBS_KIND = "slurm_jobs"
+"""The Slurm bridge's count of a node's active Slurm jobs (attributes ``running``: int,
+``jobs``: the job ids, comma-separated); the region controller takes it in as the node's
+``NodeRecord.slurm_jobs`` (docs/slurm.md)."""
 
 CONTROLLER_EVENT_KINDS: frozenset[str] = (
     frozenset(

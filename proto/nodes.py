@@ -62,9 +62,14 @@ class NodeRecord(Message, frozen=True, tag="node_record"):
     unreachable_from: Grade | None = None
     """While UNREACHABLE: the grade it had when it went silent."""
     running_jobs: NonNegInt | None = None
-    """Unfinished job members on the node, as the job manager last reported them (None:
-    not known yet). A SUB_HEALTHY node enters MAINTENANCE only once this is known to be
-    0: its running jobs finish first (docs/lifecycle.md)."""
+    """Unfinished job members on the node, as the native job manager last reported them
+    (None: not known yet). A SUB_HEALTHY node enters MAINTENANCE only once its count of
+    unfinished jobs (this plus ``slurm_jobs``) is known to be 0: its running jobs finish
+    first (docs/lifecycle.md)."""
+    slurm_jobs: NonNegInt | None = None
+    """Active Slurm jobs on the node (running, suspended, completing), as the Slurm bridge
+    last reported them in a ``slurm_jobs`` NodeEvent (None: not known; docs/slurm.md).
+    Kept apart from ``running_jobs`` so neither source overwrites the other's count."""
     last_seen_ts: float | None = None
     """Controller time of the last accepted assessment."""
     last_sent_ts: float | None = None

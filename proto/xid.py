@@ -19,15 +19,16 @@ UNLISTED_CLASS: Final[XidClass] = "contact_support"
 SEVERITY: Final[dict[XidClass, str]] = {
     "app": "warning",
     "ignore": "info",
-    "reset_gpu": "critical",
+    "reset_gpu": "warning",
     "reboot": "critical",
-    "decode": "critical",
+    "decode": "warning",
     "contact_support": "warning",
     "other": "warning",
 }
-"""The NodeEvent severity of each class. ``critical`` isolates the node at once
-(``decide.is_fatal_event``): a GPU that needs a reset or a reboot, and an NVLink XID not yet
-decoded (treated as the worst it can be); the application's XIDs cost the node nothing."""
+"""The NodeEvent severity of each class. Only ``critical`` isolates the node at once
+(``decide.is_fatal_event``): a GPU lost until the node is power-cycled. A GPU that needs a
+reset is graded from the agent's batch (``GpuDevice.xid_errors``: SUB_HEALTHY, reset once
+drained, docs/decisions.md); the application's XIDs cost the node nothing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from metalguard.proto.telemetry import CollectorError, CollectorRun
 
 if TYPE_CHECKING:
+    from metalguard.agent.collectors.gpu_xids import XidLedger
     from metalguard.agent.config import CacheSection
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,11 @@ class CollectorSettings:
     """Collector-specific options, keyed ``<collector>.<key>`` (e.g. BMC addresses)."""
     cache: CacheSection | None = None
     """``[cache]``: the dataset caches whose stats files the ``cache`` collector reads."""
+    nvml: object | None = None
+    """The NVML binding of the ``gpu`` collector (None: nvidia-ml-py's ``pynvml``; a
+    simulated fleet gives its own)."""
+    xid_ledger: XidLedger | None = None
+    """The agent's XIDs per GPU (filled by its XID watcher), reported in ``xid_errors``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from metalguard.agent.collectors.base import BatchField, Collected, CollectorSettings, register
@@ -35,6 +36,7 @@ from metalguard.agent.collectors.gpu_parse import (
     text,
     xid_event,
 )
+from metalguard.agent.collectors.gpu_xids import XidLedger
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.telemetry import CollectorError
@@ -210,8 +212,18 @@ class GpuCollector:
     name = "gpu"
     field: BatchField = "gpu"
 
-    def __init__(self, settings: CollectorSettings | None = None, *, nvml: Nvml = None) -> None:
-        self._nvml = nvml
+    def __init__(
+        self,
+        settings: CollectorSettings | None = None,
+        *,
+        nvml: Nvml = None,
+        xids: XidLedger | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._nvml: Nvml = nvml if nvml is not None else (settings.nvml if settings else None)
+        self._xids = xids if xids is not None else (settings.xid_ledger if settings else None)
+        """The XIDs the agent's watcher heard, reported per GPU (``xid_errors``)."""
+        self._clock = clock
         self._state = "new"  # new -> on | off
 
     async def collect(self) -> Collected:
@@ -249,10 +261,12 @@ class GpuCollector:
             return Collected(field=self.field, errors=(err,))
         items: list[object] = []
         errors: list[CollectorError] = []
+        now = self._clock()
         for index in range(count):
             values, issues = read_gpu(nvml, index)
             if values is not None:
-                items.append(gpu_device(values))
+                xids = self._xids.xids(index, now) if self._xids is not None else ()
+                items.append(gpu_device(values, xids))
             errors.extend(
                 CollectorError(collector=self.name, path=f"gpu{index}", message=issue)
                 for issue in issues
@@ -278,19 +292,22 @@ def _handle_key(handle: Any) -> object:
 
 
 class XidWatcher:
-    """Publishes every XID critical error of every GPU at once, as ``gpu_xid``."""
+    """Publishes every XID critical error of every GPU at once, as ``gpu_xid``, and
+    records it in ``xids`` (the gpu collector reports it in the GPU's next reading)."""
 
     def __init__(
         self,
         identity: Callable[[], NodeIdentity],
         *,
         nvml: Nvml = None,
+        xids: XidLedger | None = None,
         clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = _new_id,
         wait_ms: int = WAIT_MS,
     ) -> None:
         self._identity = identity
         self._nvml = nvml
+        self._xids = xids
         self._clock = clock
         self._new_id = new_id
         self._wait_ms = wait_ms
@@ -307,16 +324,20 @@ class XidWatcher:
             log.info("XID watcher off: %s", exc)
             return
         event_set = None
+        # its own thread: the blocking wait never holds one of the loop's shared workers
+        # (the collectors' reads run there; a simulated fleet runs many watchers at once)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xid-watch")
         try:
             event_set = await asyncio.to_thread(self._register, nvml)
             if not self.registered:
                 log.warning("XID watcher off: no GPU supports XID events")
                 return
             while True:
-                data = await self._wait(nvml, event_set)
+                data = await self._wait(pool, nvml, event_set)
                 if data is not None:
                     await emit(self._event(nvml, data))
         finally:
+            pool.shutdown(wait=False)
             with contextlib.suppress(Exception):
                 if event_set is not None:
                     nvml.nvmlEventSetFree(event_set)
@@ -336,9 +357,10 @@ class XidWatcher:
             self.registered[_handle_key(handle)] = (index, *values)
         return event_set
 
-    async def _wait(self, nvml: Nvml, event_set: Any) -> Any:
-        """One bounded nvmlEventSetWait in a thread; a cancel waits for it to return."""
-        task = asyncio.ensure_future(asyncio.to_thread(self._wait_sync, nvml, event_set))
+    async def _wait(self, pool: ThreadPoolExecutor, nvml: Nvml, event_set: Any) -> Any:
+        """One bounded nvmlEventSetWait in ``pool``; a cancel waits for it to return."""
+        loop = asyncio.get_running_loop()
+        task = loop.run_in_executor(pool, self._wait_sync, nvml, event_set)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -358,10 +380,14 @@ class XidWatcher:
     def _event(self, nvml: Nvml, data: Any) -> NodeEvent:
         found = self.registered.get(_handle_key(data.device))
         index, uuid_, pci = found if found else (None, "", "")
+        ts = self._clock()
+        xid = int(data.eventData)
+        if self._xids is not None and index is not None:
+            self._xids.record(index, xid, ts)
         return xid_event(
-            int(data.eventData),
+            xid,
             node=self._identity(),
-            ts=self._clock(),
+            ts=ts,
             event_id=self._new_id(),
             gpu_index=index,
             uuid=uuid_,

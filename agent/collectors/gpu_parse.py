@@ -118,8 +118,9 @@ def _sum(a: int | None, b: int | None) -> int | None:
     return None if a is None and b is None else (a or 0) + (b or 0)
 
 
-def gpu_device(v: NvmlValues) -> GpuDevice:
-    """The GpuDevice reading of one GPU's NVML values."""
+def gpu_device(v: NvmlValues, xids: tuple[int, ...] = ()) -> GpuDevice:
+    """The GpuDevice reading of one GPU's NVML values and the XIDs the agent holds for it
+    (``agent.collectors.gpu_xids``)."""
     rows = v.remapped_rows
     idle = bool(v.throttle_mask and v.throttle_mask & GPU_IDLE_BIT)
     return GpuDevice(
@@ -132,6 +133,7 @@ def gpu_device(v: NvmlValues) -> GpuDevice:
         ecc_corrected=_nonneg(v.ecc_sbe_volatile),
         ecc_uncorrected=_nonneg(v.ecc_dbe_volatile),
         retired_pages=_nonneg(_sum(v.retired_pages_sbe, v.retired_pages_dbe)),
+        xid_errors=xids,
         ecc_sbe_volatile=_nonneg(v.ecc_sbe_volatile),
         ecc_dbe_volatile=_nonneg(v.ecc_dbe_volatile),
         ecc_sbe_aggregate=_nonneg(v.ecc_sbe_aggregate),

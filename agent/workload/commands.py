@@ -1,5 +1,6 @@
 """The node's command handler: ``<p>.cmd.<region>.<cluster>.<node>.<verb>`` for the
-workload verbs start, checkpoint, stop and status (docs/workloads.md).
+workload verbs start, checkpoint, stop and status (docs/workloads.md), and gpu_reset
+(a drained node's GPUs, docs/decisions.md).
 
 Idempotent by ``command_id``: a repeated id returns the stored reply with ``duplicate``
 set and is never executed twice (a repeat arriving while the first still runs waits for
@@ -21,6 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from metalguard.agent.workload.gpu_reset import GpuResetter, parse_gpus
 from metalguard.agent.workload.runner import LaunchSpec, Runner, RunnerError
 from metalguard.proto.base import AttrValue, NodeIdentity
 from metalguard.proto.codec import CodecError, decode, encode
@@ -29,7 +31,7 @@ from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
 
-VERBS: tuple[str, ...] = ("start", "checkpoint", "stop", "status")
+VERBS: tuple[str, ...] = ("start", "checkpoint", "stop", "status", "gpu_reset")
 Result = dict[str, AttrValue | list[str]]
 
 
@@ -92,9 +94,11 @@ class CommandHandler:
         *,
         remember: int = 1024,
         wall_clock: Callable[[], float] = time.time,
+        gpu_reset: GpuResetter | None = None,
     ) -> None:
         self._identity = identity
         self._runner = runner
+        self._gpu_reset = gpu_reset
         self._remember = remember
         self._wall = wall_clock
         self._done: OrderedDict[str, CommandReply] = OrderedDict()
@@ -157,13 +161,15 @@ class CommandHandler:
                     return await self._checkpoint(cmd)
                 case "stop":
                     return await self._stop(cmd)
+                case "gpu_reset":
+                    return await self._reset_gpus(cmd)
                 case _:
                     return self._status(cmd)
         except BadArgsError as exc:  # sent again, the same args are refused again
             bad: Result = {"cause": "bad_args", "permanent": True}
             return self._reply(cmd, False, CommandStatus.REJECTED, str(exc), bad)
         except RunnerError as exc:
-            result: Result = {k: _scalar(v) for k, v in exc.result.items()}
+            result: Result = _result(exc.result)
             return self._reply(cmd, False, exc.status, str(exc), result)
 
     async def _start(self, cmd: Command) -> CommandReply:
@@ -218,6 +224,19 @@ class CommandHandler:
                 "step": info.step,
             },
         )
+
+    async def _reset_gpus(self, cmd: Command) -> CommandReply:
+        if self._gpu_reset is None:
+            return self._reply(
+                cmd, False, CommandStatus.REJECTED, "this agent resets no GPUs (no workload runner)"
+            )
+        try:
+            gpus = parse_gpus(cmd.args.get("gpus"))
+        except ValueError as exc:
+            raise BadArgsError(str(exc)) from None
+        done = await self._gpu_reset.reset(gpus)
+        shown = ", ".join(f"gpu{g}" for g in gpus)
+        return self._reply(cmd, True, CommandStatus.DONE, f"reset {shown}", _result(done))
 
     def _status(self, cmd: Command) -> CommandReply:
         job_id = cmd.args.get("job_id")
@@ -322,6 +341,10 @@ class CommandHandler:
                 await msg.respond(encode(reply))
             except Exception as exc:
                 log.warning("cannot answer command %s: %s", reply.command_id, exc)
+
+
+def _result(values: dict[str, object]) -> Result:
+    return {k: _scalar(v) for k, v in values.items()}
 
 
 def _scalar(value: object) -> AttrValue | list[str]:

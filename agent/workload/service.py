@@ -8,9 +8,11 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from metalguard.agent.collectors.gpu_xids import XidLedger
 from metalguard.agent.config import CacheSection, WorkloadSection
 from metalguard.agent.connection import AnsweringConnection, NatsSettings
 from metalguard.agent.workload.commands import CommandHandler
+from metalguard.agent.workload.gpu_reset import GpuResetSettings, GpuResetter
 from metalguard.agent.workload.runner import Emit, Runner, RunnerSettings
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.subjects import Subjects
@@ -49,14 +51,28 @@ class WorkloadService:
         *,
         wall_clock: Callable[[], float] = time.time,
         datasets: Callable[[], Mapping[str, str]] = dict,
+        xids: XidLedger | None = None,
+        on_gpu_reset: Callable[[], None] = lambda: None,
     ) -> None:
         """``datasets``: the node's dataset mounts (:func:`dataset_dirs`), read at every
-        start, so a reloaded ``[cache]`` applies to the next member started."""
+        start, so a reloaded ``[cache]`` applies to the next member started. ``xids``: the
+        agent's XID ledger (a reset GPU's are forgotten); ``on_gpu_reset``: asks for a
+        fresh GPU reading after a reset."""
         self.runner = Runner(
             identity, emit, runner_settings(section), wall_clock=wall_clock, dataset_dirs=datasets
         )
+        resetter = GpuResetter(
+            GpuResetSettings(section.nvidia_smi, section.gpu_reset_timeout_s),
+            busy=lambda: sum(1 for m in self.runner.members() if m.running),
+            xids=xids,
+            on_reset=on_gpu_reset,
+        )
         self.handler = CommandHandler(
-            identity, self.runner, remember=section.remember_commands, wall_clock=wall_clock
+            identity,
+            self.runner,
+            remember=section.remember_commands,
+            wall_clock=wall_clock,
+            gpu_reset=resetter,
         )
         self.link = AnsweringConnection(
             nats, lambda client: self.handler.subscribe(client, subjects), "commands"

@@ -19,6 +19,7 @@ from msgspec.structs import replace
 from metalguard.controller.core.handles import ClusterKey
 from metalguard.controller.core.lifecycle import (
     Decision,
+    JobSource,
     LifecycleConfig,
     Observation,
     OperatorAction,
@@ -35,7 +36,7 @@ from metalguard.controller.core.rail import apply_rail
 from metalguard.controller.core.receiving import Span
 from metalguard.controller.core.scoring.engine import Assessment
 from metalguard.proto.base import NodeIdentity, Reason
-from metalguard.proto.events import ControllerEvent, NodeEvent
+from metalguard.proto.events import SLURM_JOBS_KIND, ControllerEvent, NodeEvent
 from metalguard.proto.nodes import NodeRecord, RailState
 from metalguard.proto.telemetry import TelemetryBatch
 
@@ -348,12 +349,32 @@ def decide_running(
     counts: Mapping[str, int],
     now: float,
     cfg: LifecycleConfig,
+    *,
+    source: JobSource = "jobs",
+    tag: str | None = None,
 ) -> Outcome:
-    """Each node's count of unfinished job members, as the job manager reports it (by
-    handle; a node not in ``records`` is skipped): a SUB_HEALTHY node whose count is 0
-    enters MAINTENANCE, "sub-healthy and its last job ended" (event ids tagged
-    ``j<now ms>``)."""
-    return _per_node(records, counts, lambda r, n: update_jobs(r, n, now, cfg), f"j{_ms(now)}")
+    """Each node's count of unfinished jobs from one ``source`` (by handle; a node not in
+    ``records`` is skipped): the job manager's job members (``jobs``) or the Slurm
+    bridge's active Slurm jobs (``slurm``). A SUB_HEALTHY node whose count over both
+    sources is then 0 enters MAINTENANCE, "sub-healthy and its last job ended". Event ids
+    are tagged ``tag``, by default ``j<now ms>`` (``sj<now ms>`` for Slurm's)."""
+
+    def change(record: NodeRecord, count: int) -> Transition:
+        return update_jobs(record, count, now, cfg, source)
+
+    default = f"{'j' if source == 'jobs' else 'sj'}{_ms(now)}"
+    return _per_node(records, counts, change, tag or default)
+
+
+def slurm_job_count(event: NodeEvent) -> int | None:
+    """The count of active Slurm jobs a ``slurm_jobs`` NodeEvent carries (its ``running``
+    attribute); None for another kind, or a count missing, not an integer or negative."""
+    if event.kind != SLURM_JOBS_KIND:
+        return None
+    value = event.attributes.get("running")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 def decide_suspects(

@@ -22,14 +22,18 @@ from metalguard.controller.core.lifecycle_model import (
     Action,
     AssessedGrade,
     Decision,
+    JobSource,
     LifecycleConfig,
     Observation,
     OperatorAction,
     Transition,
     accepts_new_work,
     change_grade,
+    job_count,
     node_decision,
     to_event,
+    unfinished_jobs,
+    with_job_count,
 )
 from metalguard.controller.core.receiving import Span, silence_s
 from metalguard.proto.base import Reason
@@ -43,6 +47,7 @@ __all__ = [
     "Action",
     "AssessedGrade",
     "Decision",
+    "JobSource",
     "LifecycleConfig",
     "Observation",
     "OperatorAction",
@@ -57,6 +62,7 @@ __all__ = [
     "silence_limit_s",
     "suspect",
     "to_event",
+    "unfinished_jobs",
     "update_jobs",
 ]
 
@@ -88,7 +94,7 @@ def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Trans
         if was == "FAILING":
             target: Grade = "FAILING"
             message = f"score {obs.score:.0f}: still not clean, stays FAILING"
-        elif was == "MAINTENANCE" or (was == "SUB_HEALTHY" and base.running_jobs == 0):
+        elif was == "MAINTENANCE" or (was == "SUB_HEALTHY" and unfinished_jobs(base) == 0):
             target = "MAINTENANCE"
             message = f"score {obs.score:.0f}: sub-healthy with no running jobs"
         elif was == "SUB_HEALTHY" and (since := sub_healthy_since(record)) is not None:
@@ -147,8 +153,9 @@ def suspect_reason(record: NodeRecord) -> Reason:
         value=len(jobs),
         rule="job_failures",
         message=(
-            f"in failed, crashed or hung generations of {len(jobs)} different jobs "
-            f"({', '.join(jobs)}) while their other nodes were not"
+            f"blamed by {len(jobs)} different jobs ({', '.join(jobs)}): their generations "
+            "failed, crashed or hung here, or the same application XID hit one of its GPUs, "
+            "while their other nodes were not"
         ),
     )
 
@@ -390,14 +397,20 @@ def check_silence(
 
 
 def update_jobs(
-    record: NodeRecord, running_jobs: int, now: float, cfg: LifecycleConfig
+    record: NodeRecord,
+    count: int,
+    now: float,
+    cfg: LifecycleConfig,
+    source: JobSource = "jobs",
 ) -> Transition:
-    """Take in the node's count of unfinished job members (the job manager's): a
-    SUB_HEALTHY node with none enters MAINTENANCE."""
-    if running_jobs == record.running_jobs:
+    """Take in one source's count of the node's unfinished jobs (``jobs``: the job
+    manager's job members, ``slurm``: the Slurm bridge's active Slurm jobs): a SUB_HEALTHY
+    node whose count over both sources (:func:`unfinished_jobs`) is known to be 0 enters
+    MAINTENANCE."""
+    if count == job_count(record, source):
         return Transition(record)
-    base = replace(record, running_jobs=running_jobs, updated_ts=now)
-    if record.grade != "SUB_HEALTHY" or running_jobs:
+    base = replace(with_job_count(record, source, count), updated_ts=now)
+    if record.grade != "SUB_HEALTHY" or unfinished_jobs(base) != 0:
         return Transition(base)
     reason = Reason(
         signal="lifecycle.running_jobs",

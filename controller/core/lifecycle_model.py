@@ -25,6 +25,9 @@ Action = Literal["isolate", "release"]
 """``isolate``: fence the node, checkpoint and move its jobs; ``release``: unfence it."""
 OperatorAction = Literal["cordon", "uncordon", "maintenance"]
 AssessedGrade = Literal["HEALTHY", "SUB_HEALTHY", "FAILING"]
+JobSource = Literal["jobs", "slurm"]
+"""Who counted a node's jobs: ``jobs``, the native job manager (``NodeRecord.running_jobs``);
+``slurm``, the Slurm bridge (``NodeRecord.slurm_jobs``)."""
 
 OUT_OF_SERVICE: frozenset[Grade] = frozenset({"FAILING", "MAINTENANCE"})
 """Grades whose node runs no work; leaving them for HEALTHY is a ``release``."""
@@ -153,6 +156,25 @@ def to_event(decision: Decision, event_id: str) -> ControllerEvent:
         message=decision.message,
         attributes=attributes,
     )
+
+
+def unfinished_jobs(record: NodeRecord) -> int | None:
+    """The node's unfinished jobs over both sources: None while neither the job manager
+    nor the Slurm bridge has counted them, else the sum of the counts known."""
+    counts = [n for n in (record.running_jobs, record.slurm_jobs) if n is not None]
+    return sum(counts) if counts else None
+
+
+def with_job_count(record: NodeRecord, source: JobSource, count: int | None) -> NodeRecord:
+    """``record`` with ``source``'s count set (the other source's left as it is)."""
+    if source == "slurm":
+        return replace(record, slurm_jobs=count)
+    return replace(record, running_jobs=count)
+
+
+def job_count(record: NodeRecord, source: JobSource) -> int | None:
+    """The count ``source`` last reported for the node (None: not known)."""
+    return record.slurm_jobs if source == "slurm" else record.running_jobs
 
 
 def accepts_new_work(record: NodeRecord) -> bool:

@@ -207,6 +207,11 @@ class JobManager:
         """Every job's newest status, by id."""
         return self._live
 
+    @property
+    def failures(self) -> tuple[blame.Failure, ...]:
+        """The failures blamed on nodes that the job manager keeps (docs/jobs.md "Blame")."""
+        return tuple(self._failures)
+
     async def submit(self, raw: Any) -> JobStatus:
         """Validate and queue a job (JobRejectedError with every reason when invalid)."""
         job = parse_job(raw, self._clock())
@@ -509,10 +514,15 @@ class JobManager:
         except CodecError:
             self.bad_events += 1  # ingest dead-letters (and logs) the same message
             return
-        if not event.kind.startswith("job_") or not self._leading():
+        if event.kind not in ("gpu_xid",) and not event.kind.startswith("job_"):
+            return
+        if not self._leading():
             return
         if not on_its_subject(self._subjects, msg.subject, event):
             self.bad_events += 1  # another node's report: ingest dead-letters it too
+            return
+        if event.kind == "gpu_xid":
+            self._blame_xid(event)
             return
         job_id = event.attributes.get("job_id") or event.device
         status = self._live.get(str(job_id))
@@ -533,6 +543,20 @@ class JobManager:
             if significant or stale >= self.settings.progress_write_s:
                 await self._write(new, force=True)
         if significant:
+            self.wake()
+
+    def _blame_xid(self, event: NodeEvent) -> None:
+        """An application XID blames each job running on its node (docs/jobs.md "Blame");
+        the next pass hands any new suspect to the region controller."""
+        node = event.node.handle
+        running = [
+            s.job_id
+            for s in self._live.values()
+            if s.state not in TERMINAL_JOB_STATES and any(m.node == node for m in s.members)
+        ]
+        found = blame.xid_failures(node, event.attributes, running, self._clock())
+        if found:
+            self._failures.extend(found)
             self.wake()
 
 

@@ -231,6 +231,41 @@ def _plan_evacuation(slurm_node: str, jobs: Iterable[SlurmJob]) -> list[Action]:
     return actions
 
 
+def jobs_per_node(
+    nodes: Iterable[SlurmNode], jobs: Iterable[SlurmJob]
+) -> dict[str, tuple[str, ...]]:
+    """Each listed Slurm node's active jobs (running, suspended, configuring or
+    completing: they hold the node), ids sorted; a node with none has ``()``. Pending and
+    finished jobs, and nodes squeue names that sinfo does not list, are left out."""
+    held: dict[str, set[str]] = {n.name: set() for n in nodes}
+    for job in jobs:
+        if not job.active:
+            continue
+        for name in job.nodes:
+            if name in held:
+                held[name].add(job.job_id)
+    return {name: tuple(sorted(ids, key=_job_order)) for name, ids in sorted(held.items())}
+
+
+def _job_order(job_id: str) -> tuple[int, str]:
+    """Numeric job ids in numeric order (``9`` before ``10``), then the others."""
+    head = job_id.split("_", 1)[0]
+    return (int(head), job_id) if head.isdigit() else (-1, job_id)
+
+
+def job_count_changes(
+    previous: Mapping[str, int] | None, current: Mapping[str, tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
+    """The nodes of ``current`` (name -> active job ids) whose count of active jobs
+    differs from ``previous`` (name -> count last announced); all of them when
+    ``previous`` is None (the bridge's first poll)."""
+    return {
+        name: ids
+        for name, ids in current.items()
+        if previous is None or previous.get(name) != len(ids)
+    }
+
+
 def down_changes(
     previous: frozenset[str], nodes: Iterable[SlurmNode]
 ) -> tuple[tuple[SlurmNode, ...], tuple[str, ...], frozenset[str]]:

@@ -1,6 +1,7 @@
 """What the Slurm bridge publishes: its actions as ControllerEvents ``slurm.<what>`` on
 ``<p>.ctl.<region>.slurm.<what>``, and Slurm's own view of a node as NodeEvents
-``slurm_down`` / ``slurm_up`` on ``<p>.evt.<region>.<cluster>.<node>.<kind>`` (docs/slurm.md).
+``slurm_down`` / ``slurm_up`` / ``slurm_jobs`` on ``<p>.evt.<region>.<cluster>.<node>.<kind>``
+(docs/slurm.md).
 A publish that fails is logged, never raised: announcing must not stop the bridge."""
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from metalguard.controller.slurm.parse import SlurmNode
 from metalguard.controller.slurm.runner import SlurmCommandError
 from metalguard.proto.base import AttrValue, NodeIdentity
 from metalguard.proto.codec import encode
-from metalguard.proto.events import ControllerEvent, NodeEvent
+from metalguard.proto.events import SLURM_JOBS_KIND, ControllerEvent, NodeEvent
 from metalguard.proto.subjects import Subjects
 
 log = logging.getLogger(__name__)
+
+JOBS_LISTED = 10
+"""Job ids a ``slurm_jobs`` event's message names (its ``jobs`` attribute has them all)."""
 
 
 class Announcer:
@@ -39,10 +43,14 @@ class Announcer:
         self.cfg = cfg
         self._clock = clock
 
+    def _identity(self, name: str) -> NodeIdentity:
+        """The metalguard node of Slurm node ``name``."""
+        region, cluster, short = self.cfg.handle_of(name).split(".")
+        return NodeIdentity(region=region, cluster=cluster, node=short)
+
     async def node_event(self, name: str, kind: str, severity: str, node: SlurmNode | None) -> None:
         """Slurm's view of Slurm node ``name`` as a NodeEvent of its metalguard node."""
-        region, cluster, short = self.cfg.handle_of(name).split(".")
-        identity = NodeIdentity(region=region, cluster=cluster, node=short)
+        identity = self._identity(name)
         now = self._clock()
         attributes: dict[str, AttrValue] = {"slurm_node": name}
         if node is not None:
@@ -63,10 +71,35 @@ class Announcer:
             message=message,
             attributes=attributes,
         )
-        subject = self._subjects.node_event(region, cluster, short, kind)
-        msg_id = f"{identity.handle}:{event.event_id}"
         log.info("slurm bridge: %s", message)
-        await self._publish(subject, encode(event), msg_id)
+        await self._publish_node_event(event)
+
+    async def jobs_event(self, name: str, job_ids: tuple[str, ...]) -> bool:
+        """Slurm node ``name``'s active jobs as a ``slurm_jobs`` NodeEvent (info) of its
+        metalguard node: ``running`` (their count), ``jobs`` (their ids, comma-separated);
+        whether it was published."""
+        now = self._clock()
+        listed = ", ".join(job_ids[:JOBS_LISTED]) + (", ..." if len(job_ids) > JOBS_LISTED else "")
+        count = len(job_ids)
+        message = f"Slurm runs {count} job{'' if count == 1 else 's'} on {name}"
+        event = NodeEvent(
+            node=self._identity(name),
+            event_id=f"{SLURM_JOBS_KIND}-{int(now * 1000)}",
+            ts=now,
+            kind=SLURM_JOBS_KIND,
+            source="slurm",
+            device=name,
+            severity="info",
+            message=f"{message} ({listed})" if job_ids else message,
+            attributes={"slurm_node": name, "running": count, "jobs": ",".join(job_ids)},
+        )
+        log.debug("slurm bridge: %s", event.message)
+        return await self._publish_node_event(event)
+
+    async def _publish_node_event(self, event: NodeEvent) -> bool:
+        node = event.node
+        subject = self._subjects.node_event(node.region, node.cluster, node.node, event.kind)
+        return await self._publish(subject, encode(event), f"{node.handle}:{event.event_id}")
 
     async def failed(
         self, trigger: Trigger | None, exc: SlurmCommandError, job: str | None = None
@@ -127,8 +160,11 @@ class Announcer:
         subject = self._subjects.control(self.cfg.region, event.kind)
         await self._publish(subject, encode(event), event.event_id)
 
-    async def _publish(self, subject: str, data: bytes, msg_id: str) -> None:
+    async def _publish(self, subject: str, data: bytes, msg_id: str) -> bool:
+        """Publish with a message id; whether the stream took it (a failure is logged)."""
         try:
             await self._js.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
         except (NatsError, TimeoutError) as exc:
             log.warning("slurm bridge: could not publish %s: %s", subject, exc)
+            return False
+        return True

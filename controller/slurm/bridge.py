@@ -10,7 +10,11 @@ requeue) run in the background, one per node at a time.
 Out: every action as a ControllerEvent ``slurm.<what>`` on ``<p>.ctl.<region>.slurm.<what>``
 (``drained``, ``resumed``, ``job_signalled``, ``job_requeued``, ``skipped``,
 ``command_failed``), and Slurm's DOWN / NOT_RESPONDING nodes as NodeEvents ``slurm_down``
-(warning) / ``slurm_up`` (info) on the node's ``<p>.evt.<region>.<cluster>.<node>.*``.
+(warning) / ``slurm_up`` (info) on the node's ``<p>.evt.<region>.<cluster>.<node>.*``,
+and each node's count of active Slurm jobs, when it changes (and every
+``JOBS_RESYNC_S``), as ``slurm_jobs`` (info): the region controller takes it in as the
+node's job count (a SUB_HEALTHY node Slurm has drained enters MAINTENANCE once its last
+job ended).
 """
 
 from __future__ import annotations
@@ -35,12 +39,15 @@ from metalguard.controller.slurm.actions import (
     Skip,
     Trigger,
     down_changes,
+    job_count_changes,
+    jobs_per_node,
     plan,
     trigger_of,
     trigger_of_record,
 )
 from metalguard.controller.slurm.announce import Announcer
 from metalguard.controller.slurm.config import BridgeConfig
+from metalguard.controller.slurm.parse import SlurmNode
 from metalguard.controller.slurm.runner import SlurmCommandError
 from metalguard.controller.slurm.tools import SlurmTools
 from metalguard.controller.state.store import NodeStore
@@ -57,6 +64,10 @@ ACK_WAIT_S = 120.0
 """Beyond the checkpoint wait: how long an unacknowledged decision waits for redelivery."""
 MAX_DELIVER = 20
 NAK_DELAY_S = 5.0
+JOBS_RESYNC_S = 300.0
+"""How often every node's count of Slurm jobs is announced again, changed or not: a count
+the controller could not take in (a node it had no record of yet, a round that failed
+and was redelivered late) is put right within this."""
 
 
 class SlurmBridge:
@@ -80,6 +91,11 @@ class SlurmBridge:
         self._out = Announcer(js, subjects, cfg, clock)
         self._sleep = sleep
         self._down: frozenset[str] = frozenset()
+        self._job_counts: dict[str, int] | None = None
+        """Each Slurm node's count of active jobs as last announced (None: before the
+        first poll that read squeue, which announces every node's)."""
+        self._jobs_synced_ts = 0.0
+        """When every node's count was last announced (:data:`JOBS_RESYNC_S`)."""
         self._evacuations: dict[str, asyncio.Task[bool]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._acks: set[asyncio.Task[None]] = set()
@@ -328,8 +344,9 @@ class SlurmBridge:
             await self._sleep(self.cfg.slurm.poll_s)
 
     async def poll_once(self) -> tuple[str, ...]:
-        """Read Slurm's nodes once; announce nodes newly DOWN / NOT_RESPONDING (and those
-        back); the names newly down."""
+        """Read Slurm's nodes and jobs once; announce nodes newly DOWN / NOT_RESPONDING
+        (and those back) and the nodes whose count of active jobs changed (:meth:`_poll_jobs`);
+        the names newly down."""
         try:
             nodes = await self.tools.nodes()
         except SlurmCommandError as exc:
@@ -340,4 +357,31 @@ class SlurmBridge:
             await self._out.node_event(node.name, "slurm_down", "warning", node)
         for name in recovered:
             await self._out.node_event(name, "slurm_up", "info", None)
+        await self._poll_jobs(nodes)
         return tuple(n.name for n in newly)
+
+    async def _poll_jobs(self, nodes: tuple[SlurmNode, ...]) -> None:
+        """Announce a ``slurm_jobs`` NodeEvent for each node whose count of active Slurm jobs
+        changed since the last poll (every node at the first, and every ``JOBS_RESYNC_S``).
+        A failed squeue announces no count (no node is said to be empty because Slurm could
+        not be read); a count not published is announced again at the next poll."""
+        try:
+            jobs = await self.tools.jobs()
+        except SlurmCommandError as exc:
+            await self._out.failed(None, exc)
+            return
+        now = self._clock()
+        current = jobs_per_node(nodes, jobs)
+        previous = self._job_counts
+        resync = previous is None or now - self._jobs_synced_ts >= JOBS_RESYNC_S
+        counts = {name: len(ids) for name, ids in current.items()}
+        for name, ids in job_count_changes(None if resync else previous, current).items():
+            if await self._out.jobs_event(name, ids):
+                continue
+            if previous is not None and name in previous:
+                counts[name] = previous[name]
+            else:
+                del counts[name]
+        self._job_counts = counts
+        if resync:
+            self._jobs_synced_ts = now

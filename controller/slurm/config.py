@@ -40,7 +40,8 @@ class SlurmSection(ConfigSection, frozen=True):
     """Delay before the first retry; doubled each retry (full jitter)."""
     backoff_max_s: Seconds = 15.0
     poll_s: Seconds = 10.0
-    """How often Slurm's own view is read (DOWN / NOT_RESPONDING flow back)."""
+    """How often Slurm's own view is read (DOWN / NOT_RESPONDING nodes and each node's
+    count of active jobs flow back)."""
 
 
 class JobsSection(ConfigSection, frozen=True):

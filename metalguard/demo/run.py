@@ -58,6 +58,7 @@ from metalguard.controller.jobs.spec import JobRejectedError
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.qos import QosStore
 from metalguard.controller.region import RegionController
+from metalguard.controller.remediation import Remediation
 from metalguard.controller.service import start_ingest
 from metalguard.controller.state.store import NodeStore
 from metalguard.controller.state.streams import ensure_streams
@@ -260,6 +261,8 @@ class DemoRegion:
     federation: Federation
     registry: Any
     """Ingest's metrics registry (the API's ``/metrics``)."""
+    remediation: Remediation | None = None
+    """GPU resets of drained nodes, power cycles (docs/decisions.md, "GPU")."""
     provision: SimProvisioning | None = None
     """The first region's provisioning over simulated hardware (docs/provisioning.md)."""
 
@@ -500,7 +503,10 @@ async def _start_region(
     )
     await federation.start()
     cleanup.append(federation.stop)
-    return DemoRegion(name, controller, jobs, federation, ingest.metrics.registry)
+    remediation = Remediation(nc, js, controller.store, subjects, name, tick_s=1.0, timeout_s=60)
+    return DemoRegion(
+        name, controller, jobs, federation, ingest.metrics.registry, remediation=remediation
+    )
 
 
 async def run_demo(options: DemoOptions) -> int:
@@ -621,6 +627,9 @@ async def run_demo(options: DemoOptions) -> int:
             for region in regions:
                 await region.jobs.start()
                 cleanup.append(region.jobs.stop)
+                if region.remediation is not None:
+                    await region.remediation.start()
+                    cleanup.append(region.remediation.stop)
             _say(f"try: curl {api_url}/v1/fleet   or   metalguard nodes --api {api_url}")
             _say(f"dashboard: {api_url}/ui/")
             _say("running; press Ctrl-C to stop")
@@ -817,7 +826,9 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 def workload_section(node_dir: Path, *, stop_grace_s: float = 2.0) -> str:
     """The ``[workload]`` table of a simulated node: its own socket and work dir, short
-    deadlines, this interpreter for ``python`` commands."""
+    deadlines, this interpreter for ``python`` commands, the simulated ``nvidia-smi``
+    (:mod:`demo.sim.nvidia_smi`) for GPU resets."""
+    nvidia_smi = f"{sys.executable} -m metalguard.demo.sim.nvidia_smi --state {node_dir / 'nvml'}"
     return (
         "\n[workload]\n"
         "enabled = true\n"
@@ -827,12 +838,18 @@ def workload_section(node_dir: Path, *, stop_grace_s: float = 2.0) -> str:
         "checkpoint_timeout_s = 3.0\n"
         "progress_interval_s = 0.2\n"
         f'python = "{sys.executable}"\n'
+        f'nvidia_smi = "{nvidia_smi}"\n'
+        "gpu_reset_timeout_s = 30.0\n"
     )
 
 
 class WorkloadFleet(SimFleet):
     """The simulated fleet with every agent's workload runner enabled, so each simulated
-    node runs its job members as processes on this machine (MG_MASTER_ADDR 127.0.0.1)."""
+    node runs its job members as processes on this machine (MG_MASTER_ADDR 127.0.0.1),
+    and NVIDIA GPUs behind a simulated NVML (``nvml``, on unless told otherwise)."""
+
+    def __init__(self, *args: Any, nvml: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, nvml=nvml, **kwargs)
 
     def _build(self) -> dict[str, SimNode]:
         nodes = super()._build()

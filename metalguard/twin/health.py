@@ -34,6 +34,7 @@ from metalguard.controller.core.lifecycle import (
     OperatorAction,
     accepts_new_work,
     silence_limit_s,
+    unfinished_jobs,
 )
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringConfig
 from metalguard.controller.core.scoring.engine import (
@@ -341,10 +342,10 @@ class HealthModel:
         """RegionController.on_batch_now: score, then the steady path or a round."""
         st.signals, assessment = assess(st.signals, batch, self.scoring, st.memo)
         record = self.records.get(st.handle)
-        if running_jobs is None and (record is None or record.running_jobs is None):
+        if running_jobs is None and (record is None or unfinished_jobs(record) is None):
             # The twin's nodes start empty and the engine passes a count whenever it
             # knows one, so an unknown count is 0 here (the controller learns it from
-            # the job manager: NodeRecord.running_jobs).
+            # the job manager and the Slurm bridge: NodeRecord.running_jobs, slurm_jobs).
             running_jobs = 0
         if running_jobs is None:
             after = steady_batch(record, batch, assessment, batch.ts, st.rack)

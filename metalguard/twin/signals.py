@@ -18,9 +18,9 @@ The readings:
 signal        precursor (``PRECURSOR_STEPS`` batches, growing)        fault
 ============  =====================================================  =====================
 ``ecc``       GPU memory (HBM, SRAM) corrected ECC +500 per batch,    event gpu_ecc_dbe
-              a row remap pending, XID 92 (a warning) event
-``gpu``       GPU corrected ECC +500 per batch, a page retirement     event gpu_xid 79
-              pending, XID 61 (a warning) event                       (critical)
+              XID 92 (contact_support: counted) once per batch
+``gpu``       XID 119 (GSP RPC timeout, NVIDIA's ``reset_gpu``        event gpu_xid 79
+              class: "GPU reset when drained")                        (``reboot``: critical)
 ``pcie``      NIC link x16 -> x8, +3 link retrains per batch          event aer_fatal
 ``smart``     NVMe media errors +4 per batch, critical warning        event smart_failed
               0x04 (reliability degraded), spare 15 %
@@ -31,8 +31,8 @@ signal        precursor (``PRECURSOR_STEPS`` batches, growing)        fault
                                                                      silent
 ============  =====================================================  =====================
 
-The default scoring (docs/scoring.md) grades the precursors: ``ecc`` and ``gpu`` 70
-(rate 20 + pending reset 10), ``pcie`` 65 (downgrade 30 + retrains 5): SUB_HEALTHY;
+The default scoring (docs/scoring.md) grades the precursors: ``ecc`` 60 (rate 30 + XID 92
+10), ``gpu`` 70 (GPU reset needed 30), ``pcie`` 65 (downgrade 30 + retrains 5): SUB_HEALTHY;
 ``smart`` 30 (critical warning 30 + media-error growth 30 + spare 10), ``thermal`` 40
 (fan 30 + near critical 30), ``network`` 40 (flaps 30 + physical errors 30): FAILING
 (tests/unit/test_twin_health.py holds these and a changed rule's other outcome).
@@ -40,8 +40,10 @@ The default scoring (docs/scoring.md) grades the precursors: ``ecc`` and ``gpu``
 ``ecc`` is the GPU's memory: in the default failure model (data/llama3.toml) it is the
 signal of HBM3 (72 faults), GPU SRAM (19) and system memory (2); a host DIMM's EDAC
 storm of the same size is graded the same by the default rules (``ecc_correctable_rate``
-severe, 30 points). XIDs come as events only (the agent never fills
-``GpuDevice.xid_errors``); a warning XID is not acted on (``decide.is_fatal_event``).
+severe, 30 points: the GPU's and the DIMM's rules charge the same). XIDs come as the
+agent sends them: a ``gpu_xid`` event at once (severity from NVIDIA's catalog,
+``proto.xid``; only the ``reboot`` class is critical and acted on at once) and in the
+GPU's ``xid_errors`` in every batch after it, which the rules grade.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from metalguard.proto.telemetry import (
     Temperature,
 )
 from metalguard.proto.topology import NodeTopology
+from metalguard.proto.xid import classify
 from metalguard.twin.model import Signal
 
 AGENT_BATCH_INTERVAL_S = 5.0
@@ -81,11 +84,12 @@ GPU_PCI_ADDRESS = "0000:18:00.0"
 GPU_SBE_STORM_PER_STEP = 500
 """Corrected (single-bit) ECC errors on the GPU per precursor batch (the default rule's
 severe rate is 100 per hour)."""
-ECC_PRECURSOR_XID = (92, "high single-bit ECC error rate")
-GPU_PRECURSOR_XID = (61, "internal micro-controller breakpoint")
-"""Warning XIDs (agent/collectors/gpu_parse.py XID_TABLE): published, not acted on."""
-GPU_FAULT_XID = (79, "GPU has fallen off the bus")
-"""A critical XID: acted on at once (decide.FATAL_WHEN_CRITICAL_KINDS)."""
+ECC_PRECURSOR_XID = 92
+"""Excessive single-bit ECC interrupts (``contact_support``: a warning, counted)."""
+GPU_PRECURSOR_XID = 119
+"""GSP RPC timeout (``reset_gpu``: the node is drained, then its GPU reset)."""
+GPU_FAULT_XID = 79
+"""GPU fallen off the bus (``reboot``: critical, acted on at once)."""
 
 # --- pcie: the NIC's link -------------------------------------------------------------
 NIC_ADDRESS = "0000:41:00.0"
@@ -160,7 +164,7 @@ def precursor_events(
     if step != 1 or signal not in ("ecc", "gpu"):
         return ()
     xid = ECC_PRECURSOR_XID if signal == "ecc" else GPU_PRECURSOR_XID
-    return (_gpu_xid(node, ts, event_id, xid, "warning"),)
+    return (_gpu_xid(node, ts, event_id, xid),)
 
 
 def fault_report(
@@ -181,7 +185,7 @@ def fault_report(
         attrs: dict[str, AttrValue] = {"index": 0, "new": 1, "ecc_dbe_volatile": 1}
         return _event(node, ts, event_id, "gpu_ecc_dbe", "gpu", "gpu0", attrs)
     if signal == "gpu":
-        return _gpu_xid(node, ts, event_id, GPU_FAULT_XID, "critical")
+        return _gpu_xid(node, ts, event_id, GPU_FAULT_XID)
     if signal == "pcie":
         attrs = {"new_TOTAL_ERR_FATAL": 1}
         return _event(node, ts, event_id, "aer_fatal", "pcie", NIC_ADDRESS, attrs)
@@ -217,9 +221,10 @@ def precursor_sections(signal: Signal, step: int = 1, generation: int = 0) -> Se
     if step < 1:
         raise ValueError(f"step must be >= 1, got {step}")
     if signal == "ecc":
-        return {"gpu": (_gpu(generation, GPU_SBE_STORM_PER_STEP * step, remap=True),)}
+        xids = (ECC_PRECURSOR_XID,) * step
+        return {"gpu": (_gpu(generation, GPU_SBE_STORM_PER_STEP * step, xids=xids),)}
     if signal == "gpu":
-        return {"gpu": (_gpu(generation, GPU_SBE_STORM_PER_STEP * step, retire=True),)}
+        return {"gpu": (_gpu(generation, 0, xids=(GPU_PRECURSOR_XID,)),)}
     if signal == "pcie":
         return {"pcie": (_nic(NIC_DEGRADED_WIDTH, RETRAINS_PER_STEP * step),)}
     if signal == "smart":
@@ -246,16 +251,17 @@ def _fault_sections(signal: Signal, step: int, generation: int) -> Sections:
     raise ValueError(f"signal {signal!r} reports its fault as an event")
 
 
-def _gpu(generation: int, sbe: int, *, remap: bool = False, retire: bool = False) -> GpuDevice:
+def _gpu(generation: int, sbe: int, *, xids: tuple[int, ...] = ()) -> GpuDevice:
     return GpuDevice(
         index=0,
         uuid=f"GPU-twin-{generation}",
         pci_address=GPU_PCI_ADDRESS,
         ecc_sbe_volatile=sbe,
         ecc_dbe_volatile=0,
-        retired_pages_pending=retire,
-        row_remap_pending=remap,
+        retired_pages_pending=False,
+        row_remap_pending=False,
         row_remap_failure=False,
+        xid_errors=xids,
     )
 
 
@@ -342,12 +348,17 @@ def _event(
     )
 
 
-def _gpu_xid(
-    node: NodeIdentity, ts: float, event_id: str, xid: tuple[int, str], severity: str
-) -> NodeEvent:
-    """A ``gpu_xid`` event as the agent's XidWatcher publishes it, with its XID_TABLE's
-    severity (written here: the twin does not import the agent)."""
-    number, name = xid
-    attrs: dict[str, AttrValue] = {"xid": number, "name": name, "index": 0}
-    message = f"XID {number} on gpu0: {name}"
-    return _event(node, ts, event_id, "gpu_xid", "gpu", "gpu0", attrs, severity, message)
+def _gpu_xid(node: NodeIdentity, ts: float, event_id: str, xid: int) -> NodeEvent:
+    """A ``gpu_xid`` event as the agent's XidWatcher publishes it: graded by NVIDIA's
+    catalog (``proto.xid``, which the agent's watcher uses too)."""
+    entry = classify(xid)
+    attrs: dict[str, AttrValue] = {
+        "xid": xid,
+        "name": entry.name,
+        "action": entry.action,
+        "class": entry.xid_class,
+        "known": entry.listed,
+        "index": 0,
+    }
+    message = f"XID {xid} on gpu0: {entry.name} ({entry.action})"
+    return _event(node, ts, event_id, "gpu_xid", "gpu", "gpu0", attrs, entry.severity, message)

@@ -7,12 +7,14 @@ the region controller and the job manager.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
 
+from metalguard.demo.sim import gpus
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
 from metalguard.proto.subjects import Subjects
 from tests.support.harness.jobs_env import SETTINGS, JobsEnv, expected_digest, jobs_env
@@ -130,6 +132,38 @@ async def test_a_node_that_hangs_three_different_jobs_becomes_sub_healthy_naming
         assert records[node].suspect_jobs == ()
         done = await env.wait_state(waiting, TERMINAL_JOB_STATES, 60)
         assert done.state == "succeeded"
+
+
+def _blamed(env: JobsEnv, count: int) -> bool:
+    return len(env.manager.failures) == count
+
+
+async def test_the_same_app_xid_on_one_gpu_under_three_jobs_suspects_the_node(
+    tmp_path: Path, nats_url: str, nc: Client, subjects: Subjects
+) -> None:
+    """docs/jobs.md "Blame": an application XID (13) costs a node nothing once, but the
+    same XID on the same GPU while three different jobs ran there points at the GPU."""
+    async with jobs_env(tmp_path, nats_url, nc, subjects, racks=1, nodes_per_rack=1) as env:
+        (name,) = env.fleet.node_names
+        node = env.handle(name)
+        records = env.region.store.records
+        nvml = gpus.state_dir(env.fleet.tree(name).root)
+        hit = []
+        for k in range(3):
+            assert records[node].grade == "HEALTHY"  # two jobs' XIDs are not enough
+            job_id = await env.submit(f"xid-{k}", 10_000, nodes=1)
+            await env.wait_state(job_id, {"running"})
+            gpus.raise_xid(nvml, 3, 13)  # graphics engine exception on gpu3
+            await wait_until(functools.partial(_blamed, env, k + 1), 30, "XID blamed")
+            assert env.manager.failures[-1].cause == "XID 13 on gpu3"
+            await env.manager.cancel(job_id)
+            await env.wait_state(job_id, TERMINAL_JOB_STATES, 30)
+            hit.append(job_id)
+        await wait_until(lambda: bool(env.of("node.sub_healthy")), 30, "node.sub_healthy")
+        assert records[node].suspect_jobs == tuple(sorted(hit))
+        (event,) = env.of("node.sub_healthy")
+        assert event.reasons[0].signal == "jobs.failures"
+        assert "application XID" in event.reasons[0].message
 
 
 async def test_a_job_that_always_crashes_fails_without_blocking_the_fleet(env: JobsEnv) -> None:

@@ -5,7 +5,9 @@ A requeueable job runs examples/trainer.py on mgnode1; an uncorrectable ECC erro
 the controller isolates the node -> Slurm drains it with the metalguard reason, the job
 is asked to checkpoint (SIGUSR1) and requeued; the operator's uncordon through the API
 resumes the node and the job finishes from its checkpoint with the digest of an
-uninterrupted run.  A node an operator drained by hand is never resumed.
+uninterrupted run.  A node an operator drained by hand is never resumed.  A sub-healthy
+node is drained while its job runs on, and enters MAINTENANCE once the bridge's count of
+its Slurm jobs (``slurm_jobs`` NodeEvents, through ingest) says its last job ended.
 """
 
 from __future__ import annotations
@@ -17,21 +19,26 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from metalguard.controller.api.app import make_app
+from metalguard.controller.ingest.consumer import Ingest
+from metalguard.controller.ingest.settings import IngestSettings
 from metalguard.controller.slurm.bridge import SlurmBridge
 from metalguard.controller.slurm.config import BridgeConfig, JobsSection, SlurmSection
 from metalguard.controller.slurm.runner import SlurmRunner
 from metalguard.controller.slurm.tools import SlurmTools
 from metalguard.proto.codec import decode
-from metalguard.proto.events import ControllerEvent, NodeEvent
+from metalguard.proto.events import SLURM_JOBS_KIND, ControllerEvent, NodeEvent
 from metalguard.proto.subjects import Subjects
+from metalguard.proto.telemetry import TelemetryBatch
 from tests.support.harness.api_env import ADMIN_TOKEN, ApiEnv, api_env, batch
 from tests.support.harness.slurm_cluster import DEAD_NODE, NODE, SlurmCluster
+from tests.support.scoring_helpers import pci
 from tests.support.waiting import wait_for_value, wait_until
 
 # One real Slurm (munged, slurmctld, slurmd) on the host at a time.
@@ -59,6 +66,21 @@ async def api(env: ApiEnv) -> AsyncIterator[TestClient[Any, Any]]:
     app = make_app(env.controller, env.source, admin_tokens={ADMIN_TOKEN}, keepalive_s=0.05)
     async with TestClient(TestServer(app)) as client:
         yield client
+
+
+@pytest.fixture
+async def ingest(env: ApiEnv) -> AsyncIterator[Ingest]:
+    """Ingest feeding the controller from the streams, on its clock: the bridge's NodeEvents
+    reach it as they do in production."""
+    settings = IngestSettings(
+        region="r1", fetch_timeout_s=0.2, retry_delay_s=0.2, stop_timeout_s=5.0
+    )
+    consumer = Ingest(env.js, env.subjects, settings, env.controller, clock=env.clock)
+    await consumer.start()
+    try:
+        yield consumer
+    finally:
+        await consumer.stop()
 
 
 def new_bridge(env: ApiEnv, slurm: SlurmCluster) -> SlurmBridge:
@@ -336,6 +358,96 @@ async def test_a_bridge_started_after_an_isolation_drains_the_node_from_the_reco
     assert await late.reconcile() == 1  # again, as after a restart: nothing new
     assert [e.kind for e in await control_events(env)].count("slurm.drained") == 1
     assert slurm.nodes()[NODE].reason == node.reason
+
+
+def link_down(seq: int) -> TelemetryBatch:
+    """mgnode1's batch ``seq`` with its GPU's PCIe link trained down to x8 of x16."""
+    return msgspec.structs.replace(batch("c1", NODE, seq), pcie=(pci("0x030200", width=8),))
+
+
+def submit_gated(slurm: SlurmCluster, tmp: Path, release: Path) -> tuple[str, Path]:
+    """sbatch a job that runs until ``release`` exists, noting a checkpoint signal (it
+    would have been asked to move); (job id, its output file)."""
+    out, script = tmp / "gated.out", tmp / "gated.sbatch"
+    script.write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --open-mode=append\n"
+        f"#SBATCH --output={out}\n"
+        "trap 'echo signalled' USR1\n"
+        "echo started\n"
+        f"while [ ! -e {release} ]; do sleep 0.1; done\n"
+        "echo finished\n"
+    )
+    reply = slurm.run("sbatch", "--parsable", f"--chdir={tmp}", str(script))
+    return reply.strip().split(";")[0], out
+
+
+async def slurm_jobs_events(env: ApiEnv, node: str) -> list[NodeEvent]:
+    raw = await stream_messages(env.js, env.subjects.stream_events)
+    found = (_node_event(m, SLURM_JOBS_KIND) for m in raw)
+    return [e for e in found if e is not None and e.node.node == node]
+
+
+async def test_a_sub_healthy_node_is_drained_its_job_runs_on_then_it_enters_maintenance(
+    env: ApiEnv, ingest: Ingest, bridge: SlurmBridge, slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """SUB_HEALTHY's promise on the Slurm path (docs/lifecycle.md "The job count",
+    docs/slurm.md): a PCIe link trained down on mgnode1 while a Slurm job runs there makes
+    it SUB_HEALTHY; the bridge drains it, the job is neither signalled nor requeued and runs
+    to its end; then the bridge's count of mgnode1's Slurm jobs falls to 0 and the node
+    enters MAINTENANCE: "sub-healthy and its last job ended"."""
+    handle = f"r1.c1.{NODE}"
+    records = env.controller.store.records
+    release = tmp_path / "release"
+    job, out = submit_gated(slurm, tmp_path, release)
+    await wait_until(
+        lambda: out.exists() and "started" in out.read_text(), DEADLINE_S, "the job to run"
+    )
+    assert slurm.jobs()[job].nodes == (NODE,)
+    await wait_until(
+        lambda: records[handle].slurm_jobs == 1, DEADLINE_S, "the controller to count the job"
+    )
+    counted = await slurm_jobs_events(env, NODE)
+    assert counted[-1].attributes == {"slurm_node": NODE, "running": 1, "jobs": job}
+    assert counted[-1].severity == "info"
+    assert records[handle].running_jobs is None  # no native job manager here
+
+    await env.feed(link_down(2))  # the fault, through metalguard
+    assert records[handle].grade == "SUB_HEALTHY"
+    node = await wait_for_value(
+        lambda: _async(lambda: slurm.nodes()[NODE]),
+        lambda n: n.drained,
+        DEADLINE_S,
+        "mgnode1 drained",
+    )
+    assert node.reason.startswith("metalguard: node.sub_healthy: "), node.reason
+    await env.feed(link_down(3))  # still sub-healthy, its job still on it: no MAINTENANCE
+    assert records[handle].grade == "SUB_HEALTHY"
+    assert slurm.jobs()[job].state == "RUNNING"
+
+    release.touch()  # the job ends by itself
+    events = await wait_for_value(
+        lambda: control_events(env),
+        lambda evs: "node.maintenance" in kinds(evs, NODE),
+        DEADLINE_S,
+        "node.maintenance",
+    )
+    assert kinds(events, NODE) == ["node.sub_healthy", "slurm.drained", "node.maintenance"]
+    entered = next(e for e in events if e.kind == "node.maintenance")
+    assert entered.message == "sub-healthy and its last job ended"
+    assert entered.attributes["grade_from"] == "SUB_HEALTHY"
+    assert "action" not in entered.attributes  # nothing left to move: a drain
+    last = entered.reasons[-1]
+    assert (last.signal, last.message) == ("lifecycle.running_jobs", "its last job ended")
+    record = records[handle]
+    assert (record.grade, record.slurm_jobs, record.running_jobs) == ("MAINTENANCE", 0, None)
+    assert record.history[-1].message == "sub-healthy and its last job ended"
+    assert (await slurm_jobs_events(env, NODE))[-1].attributes["running"] == 0
+
+    assert slurm.jobs()[job].state == "COMPLETED"
+    text = out.read_text()
+    assert text.splitlines() == ["started", "finished"], text  # never signalled, never requeued
+    assert slurm.nodes()[NODE].drained  # the drain stays: MAINTENANCE takes no work
 
 
 def _node_event(raw: bytes, kind: str) -> NodeEvent | None:

@@ -159,15 +159,15 @@ async def test_xid_watcher_skips_gpus_without_xid_events() -> None:
     try:
         fake.raise_xid(1, 48)
         event = await asyncio.wait_for(got.get(), 5)
-        assert (event.device, event.attributes["xid"], event.severity) == ("gpu1", 48, "critical")
+        assert (event.device, event.attributes["xid"], event.severity) == ("gpu1", 48, "warning")
         assert [index for index, _, _ in watcher.registered.values()] == [1]
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
 
-@pytest.mark.parametrize(("xid", "severity"), [(48, "critical"), (63, "info"),
-    (64, "critical"), (74, "critical"), (79, "critical"), (94, "warning"), (95, "critical"),
+@pytest.mark.parametrize(("xid", "severity"), [(48, "warning"), (63, "info"),
+    (64, "warning"), (74, "warning"), (79, "critical"), (94, "warning"), (95, "warning"),
     (13, "warning"), (31, "warning"), (43, "warning"), (45, "warning"), (92, "warning"),
     (999, "warning")])  # fmt: skip
 def test_xid_severity_follows_nvidias_catalog(xid: int, severity: str) -> None:

@@ -76,7 +76,7 @@ FAIL = [("HEALTHY", "FAILING")]
 PRECURSORS = [
     # signal, score, the lifecycle's path (its second sub-healthy batch, no jobs known:
     # MAINTENANCE), a changed rule and the path under it
-    ("ecc", 70.0, SUB, changed("gpu_ecc_correctable_rate", **NEVER), []),
+    ("ecc", 60.0, SUB, changed("gpu_ecc_correctable_rate", **NEVER), []),
     ("gpu", 70.0, SUB, changed("gpu_reset_pending", enabled=False), []),
     ("pcie", 65.0, SUB, changed("link_downgrade", enabled=False), []),
     ("smart", 30.0, FAIL, changed("nvme_critical_warning", enabled=False), SUB),

@@ -773,6 +773,7 @@
         h("dt", { text: "state" }), h("dd", { text: flags.length ? flags.join(", ") : "in service" }),
         r.operator_reason ? [h("dt", { text: "operator" }), h("dd", { text: `${r.operator_by}: ${r.operator_reason}` })] : null,
         h("dt", { text: "running jobs" }), h("dd", { text: String(r.running_jobs) }),
+        r.slurm_jobs != null ? [h("dt", { text: "Slurm jobs" }), h("dd", { text: String(r.slurm_jobs) })] : null,
         h("dt", { text: "last seen" }), h("dd", { text: fmtDateTime(r.last_seen_ts) }),
       ),
       h("section", { class: "card", "aria-labelledby": "h-reasons" }, h("h3", { id: "h-reasons", text: "Current reasons" }), reasonsTable(r.reasons || [])),

@@ -1,7 +1,11 @@
 """GPU rules: the NVML readings of the agent's ``gpu`` collector (docs/collectors-udev-gpu.md).
 
 Double-bit ECC errors and a failed row remap are fatal (the GPU needs service; NVIDIA's
-guidance is to drain it); a pending remap or retired page asks for a GPU reset; a PCIe
+guidance is to drain it); a pending remap or retired page, and an XID of NVIDIA's
+``reset_gpu`` or ``decode`` class, ask for a GPU reset once the node is drained (severe:
+SUB_HEALTHY, signal ``gpu.reset_required``, docs/decisions.md); an XID of the ``reboot``
+class (79: fallen off the bus) is fatal; an XID NVIDIA says to investigate (92, unlisted
+ones) is a warning; the application's XIDs (13, 31, ...) and 63 cost nothing. A PCIe
 link below its maximum is severe; hardware thermal slowdown is a warning. Corrected ECC
 errors, PCIe replays and NVLink errors are judged by their rate over a window.
 """
@@ -22,9 +26,19 @@ from metalguard.controller.core.rules.base import (
 )
 from metalguard.controller.core.scoring.config import FlagRule, RateRule, ThresholdRule
 from metalguard.proto.telemetry import GpuDevice, TelemetryBatch
+from metalguard.proto.xid import XidClass, XidEntry, classify
 
 THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake"})
 """Throttle reasons that mean the GPU is too hot (not a power cap, not idle)."""
+RESET_SIGNAL = "gpu.reset_required"
+"""The signal of every finding that a GPU reset clears; its value is the GPU's index
+(the controller's remediation resets those GPUs once the node is drained)."""
+RESET_ACTION = "GPU reset when drained"
+RESET_CLASSES: frozenset[XidClass] = frozenset({"reset_gpu", "decode"})
+"""XID classes a GPU reset clears (``decode``: an NVLink XID whose data NVML does not
+give, taken at its worst recoverable action, a reset)."""
+ATTENTION_CLASSES: frozenset[XidClass] = frozenset({"contact_support", "other"})
+"""XID classes that cost a warning: NVIDIA says to investigate (92, unlisted XIDs)."""
 
 
 @reads("gpu")
@@ -77,7 +91,10 @@ def gpu_row_remap_failure(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
 @reads("gpu")
 @configured
 def gpu_reset_pending(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
-    """A row remap or page retirement that takes effect at the next GPU reset."""
+    """A GPU that waits for a reset: a row remap or page retirement that takes effect at
+    the next reset, or an XID of NVIDIA's ``reset_gpu`` or ``decode`` class since its last
+    reset. One finding per GPU; the rule's ``max_penalty`` (30) keeps a node with several
+    such GPUs SUB_HEALTHY: they are reset together once it is drained."""
     for gpu in ctx.batch.gpu:
         what = [
             name
@@ -87,13 +104,52 @@ def gpu_reset_pending(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
             )
             if pending
         ]
-        if what:
+        said = [f"{' and '.join(what)} pending until a GPU reset"] if what else []
+        xids = _xids(gpu, RESET_CLASSES)
+        if xids:
+            said.append(_named(xids))
+        if said:
             yield flagged(
                 "gpu_reset_pending",
                 rule,
-                signal="gpu.reset_pending",
-                value=" and ".join(what),
-                message=f"{_subject(gpu)}: {' and '.join(what)} pending until a GPU reset",
+                signal=RESET_SIGNAL,
+                value=gpu.index,
+                message=f"{_subject(gpu)}: {'; '.join(said)}: {RESET_ACTION}",
+            )
+
+
+@reads("gpu")
+@configured
+def gpu_xid_reboot(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
+    """An XID of the ``reboot`` class (79: the GPU fell off the bus): fatal by default."""
+    for gpu in ctx.batch.gpu:
+        found = _xids(gpu, frozenset({"reboot"}))
+        if found:
+            yield flagged(
+                "gpu_xid_reboot",
+                rule,
+                signal="gpu.lost",
+                value=gpu.index,
+                message=f"{_subject(gpu)}: {_named(found)}: reboot the node",
+            )
+
+
+@reads("gpu")
+@configured
+def gpu_xid_attention(ctx: Context, rule: FlagRule) -> Iterator[Finding]:
+    """XIDs NVIDIA says to investigate (92: excessive single-bit ECC interrupts, unlisted
+    XIDs); the value counts every report of them within the agent's XID window."""
+    for gpu in ctx.batch.gpu:
+        found = _xids(gpu, ATTENTION_CLASSES)
+        if found:
+            count = sum(1 for x in gpu.xid_errors if classify(x).xid_class in ATTENTION_CLASSES)
+            yield flagged(
+                "gpu_xid_attention",
+                rule,
+                signal="gpu.xid_attention",
+                value=count,
+                message=f"{_subject(gpu)}: {_named(found)}, {plural(count, 'report')}: "
+                f"{found[0].action}",
             )
 
 
@@ -158,6 +214,8 @@ RULES = (
     gpu_ecc_uncorrectable,
     gpu_row_remap_failure,
     gpu_reset_pending,
+    gpu_xid_reboot,
+    gpu_xid_attention,
     gpu_pcie_downgrade,
     gpu_thermal_slowdown,
     gpu_ecc_correctable_rate,
@@ -175,6 +233,19 @@ def _rates(ctx: Context, key: str, rule: RateRule, counter: str, what: str) -> I
         )
         if found is not None:
             yield found
+
+
+def _xids(gpu: GpuDevice, classes: frozenset[XidClass]) -> list[XidEntry]:
+    """The distinct XIDs of ``gpu.xid_errors`` in ``classes``, in order of first report."""
+    entries = (classify(x) for x in dict.fromkeys(gpu.xid_errors))
+    return [e for e in entries if e.xid_class in classes]
+
+
+def _named(entries: list[XidEntry]) -> str:
+    """``XID 48 (double-bit ECC error), XID 74 (NVLink error)``."""
+    return ", ".join(
+        e.name if e.name.startswith("XID ") else f"XID {e.xid} ({e.name})" for e in entries
+    )
 
 
 def _nvlink_errors(gpu: GpuDevice) -> int | None:

@@ -258,10 +258,14 @@ class Rules(_Section, frozen=True):
     # GPUs (NVML)
     gpu_ecc_uncorrectable: ThresholdRule = _threshold("fatal", 100, 100, 1)
     gpu_row_remap_failure: FlagRule = _flag("fatal", 100, 100)
-    gpu_reset_pending: FlagRule = _flag("warning", 10, 20)
+    gpu_reset_pending: FlagRule = _flag("severe", 30, 30)
+    """Several GPUs waiting for a reset cost no more than one: SUB_HEALTHY, reset together."""
+    gpu_xid_reboot: FlagRule = _flag("fatal", 100, 100)
+    gpu_xid_attention: FlagRule = _flag("warning", 10, 20)
     gpu_pcie_downgrade: FlagRule = _flag("severe", 30, 60)
     gpu_thermal_slowdown: FlagRule = _flag("warning", 10, 30)
-    gpu_ecc_correctable_rate: RateRule = _rate(10, 100, 5, 20)
+    gpu_ecc_correctable_rate: RateRule = _rate(10, 100, 10, 30)
+    """The same as a DIMM's (``ecc_correctable_rate``): a storm costs the same anywhere."""
     gpu_pcie_replay_rate: RateRule = _rate(100, 10_000, 5, 20)
     gpu_nvlink_error_rate: RateRule = _rate(100, 10_000, 10, 30)
     # cooling

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from metalguard.demo.sim import gpus
 from metalguard.demo.sim.tree import (
     LINK_LAYER_ETH,
     PHYS_DISABLED,
@@ -43,7 +44,20 @@ KNOWN_KINDS: tuple[str, ...] = (
     "rdma_link_flap",
     "rdma_symbol_errors",
     "dcqcn_no_cnp",
+    *(f"gpu_xid_{c}" for c in ("app", "ignore", "reset", "decode", "reboot", "attention")),
+    "gpu_remap_pending",
 )
+GPU_XIDS: dict[str, int] = {
+    "gpu_xid_app": 13,
+    "gpu_xid_ignore": 63,
+    "gpu_xid_reset": 119,
+    "gpu_xid_decode": 74,
+    "gpu_xid_reboot": 79,
+    "gpu_xid_attention": 92,
+}
+"""The XID each GPU fault kind reports: one of each of NVIDIA's classes (graphics engine
+exception, row remap recorded, GSP RPC timeout, NVLink error, fallen off the bus,
+excessive single-bit ECC interrupts); they need a fleet with simulated NVML."""
 RUNNER_KINDS = frozenset({"agent_kill"})
 """Kinds the fleet runner handles itself (no file changes)."""
 
@@ -267,6 +281,22 @@ def _pick(items: tuple[str, ...], what: str, rng: random.Random) -> str:
     return rng.choice(items)
 
 
+def _gpu_index(tree: NodeTree, rng: random.Random) -> int:
+    """A simulated GPU of the node, chosen with ``rng``."""
+    found = gpus.read_state(gpus.state_dir(tree.root))
+    if not found:
+        raise FaultError("the node has no simulated NVIDIA GPUs (a fleet with nvml=True)")
+    return int(rng.choice(found)["index"])
+
+
+def _gpu_xid(tree: NodeTree, kind: str, rng: random.Random, count: int) -> Applied:
+    index = _gpu_index(tree, rng)
+    xid = GPU_XIDS[kind]
+    for _ in range(count):
+        gpus.raise_xid(gpus.state_dir(tree.root), index, xid)
+    return Applied(kind, f"XID {xid} on gpu{index}" + (f" ({count} times)" if count > 1 else ""))
+
+
 def _ecc_ue(tree: NodeTree, rng: random.Random, count: int) -> Applied:
     dimm = _pick(tree.paths.dimms, "DIMM", rng)
     add_to_counter(tree.sys_path(f"{dimm}/dimm_ue_count"), count)
@@ -411,5 +441,12 @@ def apply_fault(
             )
         case "agent_kill":
             raise FaultError("agent_kill changes no file: the fleet runner stops the agent")
+        case _ if kind in GPU_XIDS:
+            return _gpu_xid(tree, kind, rng, n)
+        case "gpu_remap_pending":
+            index = _gpu_index(tree, rng)
+            gpus.change(gpus.state_dir(tree.root), index, remap_pending=1)
+            gpus.raise_xid(gpus.state_dir(tree.root), index, GPU_XIDS["gpu_xid_ignore"])
+            return Applied(kind, f"gpu{index}: a row remap waits for a GPU reset (XID 63)")
         case _:
             raise FaultError(f"unknown fault kind {kind!r}; known: {', '.join(KNOWN_KINDS)}")

@@ -23,7 +23,9 @@ from typing import Literal
 
 from metalguard.agent.config import AgentConfig, parse_config
 from metalguard.agent.service import AgentService
+from metalguard.demo.sim import gpus
 from metalguard.demo.sim.faults import RUNNER_KINDS, Applied, FaultError, Process, apply_fault
+from metalguard.demo.sim.nvml import SimNvml
 from metalguard.demo.sim.scenario import Scenario, ScenarioError, due_faults, unknown_nodes
 from metalguard.demo.sim.traffic import Traffic
 from metalguard.demo.sim.tree import (
@@ -48,6 +50,10 @@ RDMA_INTERVAL_FACTOR = 5
 """The rdma collector runs every this many collection intervals (5 s at 1 s, the
 collector's own default interval): its scan of a node's ~90 files costs about a third of
 the other collectors' together (docs/simulation.md)."""
+
+GPU_INTERVAL_FACTOR = 5
+"""The gpu collector (a fleet with simulated NVML) runs every this many intervals, like
+rdma: an XID or a GPU reset asks for a reading at once (``AgentService.expedite_gpu``)."""
 
 Fabric = Literal["mixed", "infiniband", "roce"]
 """The RDMA fabric of a fleet's nodes: ``mixed``: racks k1, k3, ... InfiniBand, k2, k4,
@@ -136,13 +142,16 @@ def agent_config_text(
     interval_s: float,
     topology: NodeTopology | None = None,
     rdma: bool = True,
+    gpu: bool = False,
 ) -> str:
     """The agent.toml of one simulated node: its tree, every interval ``interval_s``;
     the ``rdma`` collector too (every :data:`RDMA_INTERVAL_FACTOR` intervals) when the tree
-    has RDMA devices."""
+    has RDMA devices; the ``gpu`` collector when the node has simulated NVML."""
     intervals = dict.fromkeys(("edac", "pcie", "hwmon", "smart"), interval_s)
     if rdma:
         intervals["rdma"] = interval_s * RDMA_INTERVAL_FACTOR
+    if gpu:  # the collector's own default interval is 5 s: XIDs expedite it
+        intervals["gpu"] = interval_s * GPU_INTERVAL_FACTOR
     collectors = list(intervals)
     interval_lines = "".join(f"{c} = {value}\n" for c, value in intervals.items())
     return f"""\
@@ -186,6 +195,8 @@ class SimNode:
     task: asyncio.Task[int] | None = None
     killed: bool = False
     traffic: Traffic | None = None
+    nvml: SimNvml | None = None
+    """The node's simulated NVML (a fleet with ``nvml=True``)."""
 
 
 class SimFleet:
@@ -206,8 +217,13 @@ class SimFleet:
         spec: NodeSpec | None = None,
         fabric: Fabric = "mixed",
         clock: Callable[[], float] = time.monotonic,
+        nvml: bool = False,
     ) -> None:
+        """``nvml``: each node's GPUs are NVIDIA's too, behind a simulated NVML
+        (:mod:`demo.sim.nvml`): the agents run the gpu collector and the XID watcher, and
+        the ``gpu_*`` faults apply."""
         self.root_dir = Path(root_dir)
+        self.nvml = nvml
         self.nats_url = nats_url
         self.region = region
         self.interval_s = interval_s
@@ -267,12 +283,17 @@ class SimFleet:
                 interval_s=self.interval_s,
                 topology=self.topology[name],
                 rdma=bool(tree.paths.rdma_ports),
+                gpu=self.nvml,
             )
+            nvml = None
+            if self.nvml:
+                addresses = [p.rsplit("/", 1)[-1] for p in tree.paths.gpus]
+                nvml = SimNvml(gpus.create(node_dir, addresses))
             config_path = node_dir / "agent.toml"
             config_path.write_text(text)
             traffic = Traffic.of(tree, random.Random(node_seed(self.seed, name)))
             config = parse_config(text, str(config_path))
-            nodes[name] = SimNode(name, tree, config_path, config, traffic=traffic)
+            nodes[name] = SimNode(name, tree, config_path, config, traffic=traffic, nvml=nvml)
         return nodes
 
     # --- lifecycle --------------------------------------------------------------------
@@ -281,7 +302,7 @@ class SimFleet:
         self.nodes = await asyncio.to_thread(self._build)
         try:
             for node in self.nodes.values():
-                node.service = AgentService(node.config_path, node.config, env={})
+                node.service = AgentService(node.config_path, node.config, env={}, nvml=node.nvml)
                 node.task = asyncio.create_task(node.service.run(), name=f"sim-agent-{node.name}")
         except BaseException:
             await self.stop()

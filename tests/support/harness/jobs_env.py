@@ -23,6 +23,7 @@ from metalguard.controller.ingest.consumer import Ingest, IngestSettings
 from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.region import RegionController
+from metalguard.controller.remediation import Remediation
 from metalguard.controller.state.store import NodeStore
 from metalguard.controller.task_dump import task_stacks
 from metalguard.demo.run import WorkloadFleet
@@ -64,7 +65,7 @@ def expected_digest(steps: int) -> str:
 
 @dataclass
 class JobsEnv:
-    """A region: fleet, controller (ingest + lifecycle) and job manager."""
+    """A region: fleet, controller (ingest + lifecycle), job manager and remediation."""
 
     nc: Client
     subjects: Subjects
@@ -74,6 +75,7 @@ class JobsEnv:
     manager: JobManager
     ckpt_root: Path
     settings: JobSettings = SETTINGS
+    remediation: Remediation | None = None
     events: list[ControllerEvent] = field(default_factory=list)
 
     async def on_event(self, msg: Msg) -> None:
@@ -178,7 +180,10 @@ async def jobs_env(
         fleet=region.topology.fleet, report_running=region.report_running,
         report_suspects=region.report_suspects,
     )  # fmt: skip
-    env = JobsEnv(nc, subjects, fleet, region, ingest, manager, tmp_path / "ckpt", settings)
+    remediation = Remediation(nc, js, store, subjects, REGION, tick_s=0.2, timeout_s=30.0)
+    env = JobsEnv(
+        nc, subjects, fleet, region, ingest, manager, tmp_path / "ckpt", settings, remediation
+    )
     sub = await nc.subscribe(subjects.control_all(REGION), cb=env.on_event)
     try:
         await fleet.start()
@@ -192,8 +197,10 @@ async def jobs_env(
             "every node graded HEALTHY",
         )
         await manager.start()
+        await remediation.start()
         yield env
     finally:
+        await _stopped("remediation", remediation.stop())
         await _stopped("the job manager", env.manager.stop())
         await _stopped("the subscription", sub.unsubscribe())
         await _stopped("the fleet", fleet.stop())
