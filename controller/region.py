@@ -33,6 +33,7 @@ from metalguard.controller.core.decide import (
     NodeInput,
     Outcome,
     batch_input,
+    batch_step,
     decide,
     decide_operator,
     decide_running,
@@ -40,7 +41,6 @@ from metalguard.controller.core.decide import (
     decide_suspects,
     event_input,
     slurm_job_count,
-    steady_batch,
 )
 from metalguard.controller.core.handles import ClusterKey
 from metalguard.controller.core.lifecycle import LifecycleConfig, OperatorAction, silence_due_ts
@@ -238,8 +238,8 @@ class RegionController:
         """:meth:`_steady` when it needs no wait: the cluster's lock is free (taking and
         releasing it with no await between is not taking it at all)."""
         record = self.store.records.get(handle)
-        after = steady_batch(record, batch, assessment, received_ts, rack)
-        if after is None or not self._leading():
+        after = batch_step(record, batch, assessment, received_ts, rack)
+        if not isinstance(after, NodeRecord) or not self._leading():
             return False
         if self._lock((batch.node.region, batch.node.cluster)).locked():
             return False
@@ -258,8 +258,8 @@ class RegionController:
         if self._steady_now(handle, batch, assessment, received_ts, rack):
             return True
         record = self.store.records.get(handle)
-        after = steady_batch(record, batch, assessment, received_ts, rack)
-        if after is None or not self._leading():
+        after = batch_step(record, batch, assessment, received_ts, rack)
+        if not isinstance(after, NodeRecord) or not self._leading():
             return False
         async with self._lock((batch.node.region, batch.node.cluster)):
             if self.store.records.get(handle) is not record:

@@ -200,6 +200,35 @@ def steady_batch(
     return _seen(record, received_ts, batch.ts, batch.seq, batch.interval_s)
 
 
+def batch_step(
+    record: NodeRecord | None,
+    batch: TelemetryBatch,
+    assessment: Assessment,
+    received_ts: float,
+    rack: str | None = None,
+) -> NodeRecord | NodeInput:
+    """What a scored batch does to its node: the record after it when it only continues
+    a steady healthy node (:func:`steady_batch`: no round), else the input of the round
+    that decides it (:func:`batch_input`). The region controller and the fleet twin both
+    take a batch in through this."""
+    after = steady_batch(record, batch, assessment, received_ts, rack)
+    return after if after is not None else batch_input(batch, assessment, received_ts, rack)
+
+
+def changed_counts(
+    records: Mapping[str, NodeRecord], counts: Mapping[str, int], region: str | None = None
+) -> dict[str, int]:
+    """The job manager's report: each known node (of ``region``, when given) whose
+    recorded count of unfinished job members differs from ``counts`` (a node missing
+    from ``counts`` has none), for :func:`decide_running`."""
+    return {
+        handle: counts.get(handle, 0)
+        for handle, record in records.items()
+        if (region is None or record.node.region == region)
+        and record.running_jobs != counts.get(handle, 0)
+    }
+
+
 def _settled(record: NodeRecord | None) -> TypeGuard[NodeRecord]:
     """A HEALTHY record seen before with nothing pending: not cordoned, in maintenance,
     held, flagged by the rail or unreachable, no clean cycles counted, no isolations."""

@@ -36,6 +36,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
+from metalguard.controller.core.decide import changed_counts
 from metalguard.controller.jobs import blame, machine
 from metalguard.controller.jobs.machine import Emit, Send, Step, Timings, World
 from metalguard.controller.jobs.scheduler import (
@@ -330,11 +331,7 @@ class JobManager:
         if self._report_running is None:
             return
         counts = machine.members_per_node(self._live.values())
-        changed = {
-            handle: counts.get(handle, 0)
-            for handle, record in records.items()
-            if record.node.region == self.region and record.running_jobs != counts.get(handle, 0)
-        }
+        changed = changed_counts(records, counts, self.region)
         if not changed:
             return
         try:

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from metalguard.controller.core.lifecycle_model import OUT_OF_SERVICE
 from metalguard.controller.jobs import machine, scheduler
 from metalguard.controller.jobs.machine import Step, World
 from metalguard.controller.jobs.scheduler import (
@@ -73,14 +74,21 @@ class Health(Protocol):
     """The health model (:class:`metalguard.twin.health.HealthModel`)."""
 
     decisions: Counter[str]
+    running: Callable[[str], int]
+    """Each node's count of unfinished job members (the engine sets it)."""
+
+    @property
+    def drain_after_s(self) -> float: ...
 
     def grade(self, handle: str) -> str: ...
 
     def fleet_node(self, node: FleetNode) -> FleetNode: ...
 
-    def precursor(
-        self, fault: Fault, now: float, *, running_jobs: int | None = None
-    ) -> Sequence[GradeChangeLike]: ...
+    def precursor(self, fault: Fault, now: float) -> Sequence[GradeChangeLike]: ...
+
+    def still_degraded(self, fault: Fault, now: float) -> Sequence[GradeChangeLike]: ...
+
+    def report_running(self, handles: Sequence[str], now: float) -> Sequence[GradeChangeLike]: ...
 
     def fault(self, fault: Fault, now: float) -> Sequence[GradeChangeLike]: ...
 
@@ -173,6 +181,10 @@ class Engine:
         """Nodes out of service (in repair, delivery or a maintenance window)."""
         self.averted: set[int] = set()
         """Faults whose node was drained on their precursor."""
+        self.draining: dict[str, Fault] = {}
+        """SUB_HEALTHY nodes on a precursor, their jobs running to their end (or to the
+        lifecycle's drain limit): node -> the fault to come."""
+        health.running = self._running_on
         self._pass_at: float | None = None
         self._last_pass = -math.inf
         self._dirty = False
@@ -352,6 +364,8 @@ class Engine:
                 if not on:
                     del self.jobs_on[h]
                     self._recount(h)
+                if h in self.draining:
+                    self._at(self.now, self._count_changed, h)
         self.holders.pop(aid, None)
         tj.held, tj.gpus_held = (), 0
         self._changed()
@@ -377,12 +391,8 @@ class Engine:
         gen.frozen_at = self.now
         code = 1 if tj.spec.outcome == "failed" else 0
         st = tj.status
-        batch = getattr(machine, "observe_members", None)  # one pass, where it exists
-        if batch is not None:
-            st = batch(st, gen.number, self.now, exit_codes={m.node: code for m in st.members})
-        for m in st.members if batch is None else ():
-            st = machine.observe_member(st, m.node, gen.number, self.now, exit_code=code)
-        tj.status = st
+        exits = {m.node: code for m in st.members}
+        tj.status = machine.observe_members(st, gen.number, self.now, exit_codes=exits)
         self._drive(tj)
 
     def _crash(self, tj: TwinJob, gen: Generation, node: str, cause: str) -> None:
@@ -430,6 +440,9 @@ class Engine:
     def _fault(self, f: Fault) -> None:
         h = f.node
         self.counts[f"fault:{f.kind}"] += 1
+        if self.draining.get(h) is f:  # its jobs were still running there: they are hit
+            del self.draining[h]
+            self.counts["fault:hit_while_sub_healthy"] += 1
         if f.fault_id in self.averted:  # drained on its precursor: what still runs there dies
             live = self._live_on(h)
             for tj, g in live:
@@ -496,26 +509,66 @@ class Engine:
         self._drive_all([*(tj for tj, _ in live), *self._jobs_on([h, *touched])])
 
     def _precursor(self, f: Fault) -> None:
+        """The real decisions on a precursor (docs/decisions.md): SUB_HEALTHY takes no new
+        work while its jobs run to their end (then MAINTENANCE: repaired before the
+        fault) or to ``sub_healthy_drain_after_s`` (then moved with a fresh checkpoint); a
+        node with no job drains at once; FAILING is isolated, its jobs moved."""
         h = f.node
         if h in self.out or h in self.broken:
             return
-        jobs = len(self.jobs_on.get(h, ()))
-        touched = self._grades(self.health.precursor(f, self.now, running_jobs=jobs))
+        touched = self._grades(self.health.precursor(f, self.now))
         grade = self.nodes[h].grade
         if grade == "HEALTHY":
             self.counts["precursor:missed"] += 1
             self._drive_all(self._jobs_on(touched))
             return
         self.counts["precursor:acted"] += 1
+        if grade == "SUB_HEALTHY":
+            self.draining[h] = f
+            limit = self.health.drain_after_s
+            if limit > 0:
+                self._at(self.now + limit, self._drain_limit, h, f)
+            self._drive_all(self._jobs_on(touched))
+            return
+        self._drained(h, f, touched)
+
+    def _drained(self, h: str, f: Fault, touched: Sequence[str] = ()) -> None:
+        """The node left service on ``f``'s precursor (MAINTENANCE, or FAILING): what
+        still runs there is moved now (planned), and it is repaired before the fault."""
+        self.draining.pop(h, None)
         for _, g in self._live_on(h):
             if not g.cause:
                 g.cause = "precursor"
-        if grade == "SUB_HEALTHY":  # drain it: a fresh checkpoint, then the move
-            touched += self._grades(self.health.drain(h, self.now, f"precursor: {f.cause}"))
         self.averted.add(f.fault_id)
         self._take_out(h)
         self._at(self.now + f.repair_s + self.policy.delivery_s, self._repaired, h)
         self._drive_all(self._jobs_on([h, *touched]))
+
+    def _drain_limit(self, h: str, f: Fault) -> None:
+        """``sub_healthy_drain_after_s`` after the precursor, jobs still there: the part
+        still degraded, the lifecycle moves the node to MAINTENANCE and its jobs."""
+        if self.draining.get(h) is not f or h in self.out or h in self.broken:
+            return
+        touched = self._grades(self.health.still_degraded(f, self.now))
+        if self.nodes[h].grade in OUT_OF_SERVICE:
+            self.counts["precursor:drain_limit"] += 1
+            self._drained(h, f, touched)
+        else:
+            self._drive_all(self._jobs_on(touched))
+
+    def _count_changed(self, h: str) -> None:
+        """A draining node's count of jobs changed: the job manager's report; its last
+        job gone, the lifecycle drains it (MAINTENANCE)."""
+        f = self.draining.get(h)
+        if f is None or h in self.out or h in self.broken:
+            return
+        touched = self._grades(self.health.report_running([h], self.now))
+        if self.nodes[h].grade in OUT_OF_SERVICE:
+            self._drained(h, f, touched)
+
+    def _running_on(self, h: str) -> int:
+        """The node's count of unfinished job members (the attempts holding it)."""
+        return len(self.jobs_on.get(h, ()))
 
     def _planned(self, pm: PlannedMaintenance) -> None:
         h = pm.node

@@ -13,20 +13,20 @@ node count of the cluster. Pure given its inputs: no clock, no randomness.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from metalguard.controller.core.decide import (
     NodeInput,
     Outcome,
-    batch_input,
+    batch_step,
+    changed_counts,
     decide,
     decide_operator,
+    decide_running,
     decide_silence,
     event_input,
-    steady_batch,
 )
 from metalguard.controller.core.handles import ClusterKey
 from metalguard.controller.core.lifecycle import (
@@ -34,7 +34,6 @@ from metalguard.controller.core.lifecycle import (
     OperatorAction,
     accepts_new_work,
     silence_limit_s,
-    unfinished_jobs,
 )
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING, ScoringConfig
 from metalguard.controller.core.scoring.engine import (
@@ -123,8 +122,13 @@ class HealthModel:
         *,
         lifecycle: LifecycleConfig | None = None,
         scoring: ScoringConfig | None = None,
+        running: Callable[[str], int] = lambda _handle: 0,
     ) -> None:
+        """``running``: each node's count of unfinished job members (the engine sets its
+        own), which the model hands the lifecycle as the job manager does
+        (``decide.changed_counts`` after every round, ``decide_running``)."""
         self.policy = policy
+        self.running = running
         self.lifecycle = lifecycle or LifecycleConfig()
         self.scoring = scoring or DEFAULT_SCORING
         self.interval_s = signals.AGENT_BATCH_INTERVAL_S
@@ -148,6 +152,11 @@ class HealthModel:
         ``repaired_not_healthy``."""
 
     # --- queries ------------------------------------------------------------------------
+
+    @property
+    def drain_after_s(self) -> float:
+        """The lifecycle's ``sub_healthy_drain_after_s`` (0: never)."""
+        return self.lifecycle.sub_healthy_drain_after_s
 
     def grade(self, handle: str) -> str:
         """The node's grade ("HEALTHY" for a node never touched)."""
@@ -175,20 +184,44 @@ class HealthModel:
 
     # --- inputs -------------------------------------------------------------------------
 
-    def precursor(
-        self, fault: Fault, now: float, *, running_jobs: int | None = None
-    ) -> list[GradeChange]:
+    def precursor(self, fault: Fault, now: float) -> list[GradeChange]:
         """The part of ``fault`` degrading: a baseline batch, then the precursor batches
         one agent interval apart ending at ``now``, each scored and decided. A precursor
-        the scorer grades HEALTHY throughout is missed (``precursor_missed``).
-
-        ``running_jobs``: the node's job count for the lifecycle (``Observation.
-        running_jobs``); None, as the region controller passes it, leaves the record's
-        (0): a second sub-healthy batch then moves the node to MAINTENANCE."""
+        the scorer grades HEALTHY throughout is missed (``precursor_missed``)."""
         self._rail_held = False
-        changes = self._precursor(fault, now, running_jobs)
+        changes = self._precursor(fault, now)
         self._count_rail()
         return changes
+
+    def still_degraded(self, fault: Fault, now: float) -> list[GradeChange]:
+        """One more precursor batch of ``fault``'s part at ``now`` (the part has not got
+        better): what a SUB_HEALTHY node's agent keeps sending; at the lifecycle's
+        ``sub_healthy_drain_after_s`` it moves the node to MAINTENANCE with its jobs."""
+        st = self._touch(fault.node)
+        if not fault.signal or st.signal != fault.signal:
+            return []
+        st.step += 1
+        st.seq += 1
+        batch = signals.precursor(
+            fault.signal,
+            st.identity,
+            seq=st.seq,
+            ts=self._next_ts(st, now),
+            step=st.step,
+            generation=st.generation,
+        )
+        assert batch is not None
+        st.clean = None
+        return self._scored(st, batch)[1]
+
+    def report_running(self, handles: Sequence[str], now: float) -> list[GradeChange]:
+        """The job manager's pass: the changed counts of these nodes, decided."""
+        known = {h: self.records[h] for h in handles if h in self.records}
+        counts = {h: self.running(h) for h in known}
+        changed = changed_counts(known, counts)
+        if not changed:
+            return []
+        return self._apply(decide_running(self.records, changed, now, self.lifecycle), now)
 
     def fault(self, fault: Fault, now: float) -> list[GradeChange]:
         """The hardware fault as the agent reports it (:func:`signals.fault_report`): a
@@ -206,7 +239,7 @@ class HealthModel:
             self.decisions["rail_held"] += 1
         self._rail_held = False
 
-    def _precursor(self, fault: Fault, now: float, running_jobs: int | None) -> list[GradeChange]:
+    def _precursor(self, fault: Fault, now: float) -> list[GradeChange]:
         if not self.policy.precursors:
             return []
         signal = fault.signal
@@ -234,7 +267,7 @@ class HealthModel:
             )
             assert batch is not None
             st.clean = None
-            assessment, found = self._scored(st, batch, running_jobs)
+            assessment, found = self._scored(st, batch)
             changes += found
             for event in signals.precursor_events(
                 signal,
@@ -336,27 +369,15 @@ class HealthModel:
     def _send(self, st: _Node, batch: TelemetryBatch) -> list[GradeChange]:
         return self._scored(st, batch)[1]
 
-    def _scored(
-        self, st: _Node, batch: TelemetryBatch, running_jobs: int | None = None
-    ) -> tuple[Assessment, list[GradeChange]]:
-        """RegionController.on_batch_now: score, then the steady path or a round."""
+    def _scored(self, st: _Node, batch: TelemetryBatch) -> tuple[Assessment, list[GradeChange]]:
+        """RegionController.on_batch_now: score, then the steady path or a round
+        (``decide.batch_step``)."""
         st.signals, assessment = assess(st.signals, batch, self.scoring, st.memo)
-        record = self.records.get(st.handle)
-        if running_jobs is None and (record is None or unfinished_jobs(record) is None):
-            # The twin's nodes start empty and the engine passes a count whenever it
-            # knows one, so an unknown count is 0 here (the controller learns it from
-            # the job manager and the Slurm bridge: NodeRecord.running_jobs, slurm_jobs).
-            running_jobs = 0
-        if running_jobs is None:
-            after = steady_batch(record, batch, assessment, batch.ts, st.rack)
-            if after is not None:
-                self.records[st.handle] = after
-                return assessment, []
-        item = batch_input(batch, assessment, batch.ts, st.rack)
-        if running_jobs is not None:
-            obs = dataclasses.replace(item.obs, running_jobs=running_jobs)
-            item = dataclasses.replace(item, obs=obs)
-        return assessment, self._round(item, batch.ts)
+        step = batch_step(self.records.get(st.handle), batch, assessment, batch.ts, st.rack)
+        if isinstance(step, NodeRecord):
+            self.records[st.handle] = step
+            return assessment, []
+        return assessment, self._round(step, batch.ts)
 
     def _event(self, st: _Node, event: NodeEvent) -> list[GradeChange]:
         """RegionController.on_node_event: a fatal event is a fatal assessment."""
@@ -423,6 +444,12 @@ class HealthModel:
                 self.decisions["held"] += 1
             elif event.kind == "rail.tripped":
                 self.decisions["rail_tripped"] += 1
+        # the job manager's next pass: a new record's count (or one a round reset)
+        counts = {h: self.running(h) for h in outcome.records}
+        changed = changed_counts({h: self.records[h] for h in outcome.records}, counts)
+        if changed:
+            running = decide_running(self.records, changed, now, self.lifecycle)
+            changes += self._apply(running, now)
         return changes
 
 

@@ -256,15 +256,11 @@ class TwinJob:
         step = int(self.progress(now))
         at = min(now, g.t0 + reached_offset(t - g.t0, rs, iv, cost))
         rank0 = st.members[0]
-        batch = getattr(machine, "observe_members", None)
         hangs = (self.job.hang_timeout or 0.0) > 0  # the twin's jobs set it (0: off)
-        if hangs and batch is not None:
-            st = batch(st, g.number, at, steps={m.node: step for m in st.members})
-        else:
-            if rank0.step < step:
-                st = machine.observe_member(st, rank0.node, g.number, at, step=step)
-            if hangs and len(st.members) > 1 and rank0.step < step:
-                st = machine.resumed(st, at)  # every member's clock: progress at ``at``
+        if hangs:
+            st = machine.observe_members(st, g.number, at, steps={m.node: step for m in st.members})
+        elif rank0.step < step:  # no hang timeout: rank 0's step is all the machine reads
+            st = machine.observe_member(st, rank0.node, g.number, at, step=step)
         self.status = st
 
     def open_gen(self, now: float) -> Generation:

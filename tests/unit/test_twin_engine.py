@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from metalguard.controller.core.lifecycle import LifecycleConfig
 from metalguard.controller.jobs.scheduler import place, request_from_job
 from metalguard.twin import jobs as twin_jobs
 from metalguard.twin.engine import Engine, run
@@ -185,25 +186,52 @@ def test_static_fails_the_job_and_the_user_resubmits_it() -> None:
     assert len(rec.queue_wait_s) == 3
 
 
-def test_metalguard_drains_on_the_precursor_before_the_fault() -> None:
+def test_a_sub_healthy_nodes_job_runs_on_and_a_fault_before_its_end_hits_it() -> None:
+    """docs/decisions.md: SUB_HEALTHY takes no new work, its running jobs finish where
+    they are; a fault before the job's end interrupts it (the precursor bought nothing
+    for this job, only kept new work off the node)."""
+    inp = inputs()
+    node = first_node(inp)
+    at = START + 4000.0  # before the job's end (CLEAN_END)
+    result = simulate(inp, METALGUARD, (fault(node, at, precursor=at - 1800.0),))
+    rec = record(result)
+    assert result.decisions["grade:HEALTHY->SUB_HEALTHY"] == 1
+    assert result.decisions["precursor:acted"] == 1
+    assert result.decisions["fault:hit_while_sub_healthy"] == 1
+    assert "fault:prevented" not in result.decisions
+    assert (rec.unplanned, rec.planned) == (1, 0)
+
+
+def test_a_sub_healthy_node_whose_job_ends_is_repaired_before_its_fault() -> None:
+    inp = inputs()
+    node = first_node(inp)
+    at = CLEAN_END + 3000.0  # the job ends first
+    result = simulate(inp, METALGUARD, (fault(node, at, precursor=START + 3000.0),))
+    rec = record(result)
+    assert rec.end_s == CLEAN_END  # undisturbed
+    assert (rec.unplanned, rec.planned) == (0, 0)
+    # its last job gone, the lifecycle drained it ("sub-healthy and its last job ended"):
+    # repaired before the fault, which found nothing there
+    assert result.decisions["grade:SUB_HEALTHY->MAINTENANCE"] == 1
+    assert result.decisions["fault:prevented"] == 1
+
+
+def test_at_the_drain_limit_the_job_moves_with_a_fresh_checkpoint() -> None:
+    """``[lifecycle] sub_healthy_drain_after_s`` (24 h shipped; 600 s here) before the
+    fault: MAINTENANCE with its jobs moved from a fresh checkpoint (planned)."""
     inp = inputs()
     node = first_node(inp)
     at = START + 4000.0
-    lead = 1800.0
-    result = simulate(inp, METALGUARD, (fault(node, at, precursor=at - lead),))
+    health = HealthModel(
+        inp.nodes, METALGUARD, lifecycle=LifecycleConfig(sub_healthy_drain_after_s=600.0)
+    )
+    faults = (fault(node, at, precursor=at - 1800.0),)
+    result = Engine(inp, METALGUARD, faults=faults, planned=(), health=health).run()
     rec = record(result)
-    assert result.decisions["fault:prevented"] == 1
-    assert result.decisions["grade:HEALTHY->SUB_HEALTHY"] == 1
+    assert result.decisions["precursor:drain_limit"] == 1
     assert result.decisions["move:maintenance"] == 1
-    assert (rec.unplanned, rec.planned) == (0, 1)
-    # a fresh checkpoint at the precursor: 2200 s after the start = 1900 past the
-    # restart = 2 cycles + 580: step 1780, nothing lost
-    assert rec.redone_s == 0.0
-    moved = at - lead + JOB.checkpoint_cost_s  # the fresh checkpoint, then the stop
-    rest = JOB.work_s - 1780.0
-    assert rec.end_s == moved + 300.0 + rest + 3 * 60.0
-    # the node went to repair before its fault: the fault found no job there
-    assert result.decisions["fault:hardware"] == 1
+    assert result.decisions["fault:prevented"] == 1
+    assert (rec.unplanned, rec.planned, rec.redone_s) == (0, 1, 0.0)
 
 
 def test_reactive_does_not_act_on_a_precursor() -> None:

@@ -114,8 +114,8 @@ def test_precursor_is_graded_by_the_real_scoring(
 
 
 def test_a_sub_healthy_node_with_jobs_stays_sub_healthy() -> None:
-    health = HealthModel(fleet(), ACTIVE)
-    changes = health.precursor(fault(signal="pcie"), HOUR, running_jobs=1)
+    health = HealthModel(fleet(), ACTIVE, running=lambda _handle: 1)
+    changes = health.precursor(fault(signal="pcie"), HOUR)
     assert path(changes) == [("HEALTHY", "SUB_HEALTHY")]
     assert "link_downgrade" in changes[0].reason
     assert health.grade("r1.c0.n0") == "SUB_HEALTHY"
