@@ -8,7 +8,7 @@ any path (docs/lifecycle.md, "Grades").  Pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from metalguard.proto.nodes import NodeRecord
 
@@ -30,6 +30,24 @@ node is silent, so its runner can neither report progress nor take a command, an
 waits on every rank: the job restarts elsewhere from its last periodic checkpoint rather
 than holding the other nodes idle (on the Slurm path the bridge leaves it to Slurm, which
 sees the node NOT_RESPONDING)."""
+
+
+GRADE_SEVERITY: Mapping[str, int] = {
+    "HEALTHY": 0,
+    "MAINTENANCE": 0,
+    "SUB_HEALTHY": 1,
+    "FAILING": 2,
+    "UNREACHABLE": 3,
+}
+"""How bad each grade says the node's hardware is, for "the worst grade it took":
+MAINTENANCE is a decision (drained, an operator's), not a finding, so it ranks with
+HEALTHY; UNREACHABLE (nothing known) above every other."""
+
+
+def worst_grade(grades: Iterable[str]) -> str:
+    """The worst of ``grades`` by :data:`GRADE_SEVERITY` (the first of equals; an unknown
+    grade ranks with UNREACHABLE); ValueError when there is none."""
+    return max(grades, key=lambda g: GRADE_SEVERITY.get(g, GRADE_SEVERITY["UNREACHABLE"]))
 
 
 def running_work(grade: str) -> str | None:

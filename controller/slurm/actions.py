@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from metalguard.controller.core.grades import NEW_WORK_GRADE, running_work
 from metalguard.controller.core.lifecycle_model import RAIL_FLAGGED_KIND
 from metalguard.controller.slurm.parse import SlurmJob, SlurmNode
 from metalguard.proto.base import NodeIdentity
@@ -101,22 +102,24 @@ def trigger_of_record(record: NodeRecord) -> Trigger | None:
     operator = record.operator_reason or ""
     first = record.reasons[0].message if record.reasons else ""
     intent: Intent
+    moved = running_work(record.grade)  # controller.core.grades: the one owner
     if record.held:
         kind, intent, automatic = "node.held", "evacuate", True
-    elif record.grade == "FAILING":
+    elif moved == "node_failing":
         kind, intent, automatic = "node.isolated", "evacuate", True
-    elif record.grade == "MAINTENANCE" and record.maintenance:
-        kind, intent, automatic = "node.maintenance", "evacuate", False
-    elif record.grade == "MAINTENANCE":
-        kind, intent, automatic = "node.maintenance", "drain", True
+    elif moved == "maintenance":
+        # an operator's maintenance moves its jobs; a node that drained by itself has
+        # none left (one at its drain limit was announced with its jobs' move)
+        automatic = not record.maintenance
+        kind, intent = "node.maintenance", "drain" if automatic else "evacuate"
     elif record.cordoned:
         kind, intent, automatic = "node.cordoned", "drain", False
-    elif record.grade == "SUB_HEALTHY":
+    elif moved is None and record.grade != NEW_WORK_GRADE:  # SUB_HEALTHY: jobs continue
         kind, intent, automatic = "node.sub_healthy", "drain", True
     elif record.rail_flagged:
         kind, intent, automatic = RAIL_FLAGGED_KIND, "drain", False
         first = "rail-flagged: the safety rail kept it in service; no new work"
-    else:
+    else:  # in service, or UNREACHABLE (Slurm sees the node NOT_RESPONDING itself)
         return None
     why = (operator if not automatic else first) or first or operator
     event_id = f"reconcile@{int(record.updated_ts * 1000)}"

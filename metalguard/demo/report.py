@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from metalguard.controller.core.grades import worst_grade
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, JobStatus
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.provision import Instance
@@ -19,9 +20,6 @@ INSTANCE_GRACE_S = 10.0
 run and that is not yet in its expected state is reported ``pending`` (a simulated boot
 takes a moment, a replacement a deploy)."""
 
-SEVERITY: dict[str, int] = {"HEALTHY": 0, "MAINTENANCE": 0, "SUB_HEALTHY": 1, "FAILING": 2}
-"""How bad a grade is, for a fault's ``got`` (UNREACHABLE ranks above every other)."""
-
 
 def worst_grade_since(record: NodeRecord | None, since_ts: float) -> str | None:
     """The most severe grade ``record`` took at or after ``since_ts`` (its grade history
@@ -30,7 +28,7 @@ def worst_grade_since(record: NodeRecord | None, since_ts: float) -> str | None:
         return None
     seen = [c.grade_to for c in record.history if c.ts >= since_ts]
     seen.append(record.grade)
-    return max(seen, key=lambda g: SEVERITY.get(g, 3))
+    return worst_grade(seen)  # controller.core.grades: MAINTENANCE ranks with HEALTHY
 
 
 def job_rows(jobs: Iterable[JobStatus]) -> list[dict[str, Any]]:

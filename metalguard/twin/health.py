@@ -28,6 +28,7 @@ from metalguard.controller.core.decide import (
     decide_silence,
     event_input,
 )
+from metalguard.controller.core.grades import worst_grade
 from metalguard.controller.core.handles import ClusterKey
 from metalguard.controller.core.lifecycle import (
     LifecycleConfig,
@@ -57,7 +58,6 @@ OPERATOR = "twin"
 MIN_STEP_S = 0.001
 """How far a message is moved past the node's previous one when both would fall at the
 same time (the lifecycle drops a message not newer than the last as a replay)."""
-GRADE_ORDER = ("HEALTHY", "SUB_HEALTHY", "FAILING")
 """The scorer's grades, mildest first."""
 
 
@@ -278,7 +278,7 @@ class HealthModel:
             ):
                 changes += self._event(st, event)
             st.step = step
-            worst = max(worst, assessment.grade, key=GRADE_ORDER.index)
+            worst = worst_grade((worst, assessment.grade))
         self.decisions[f"precursor:{worst}"] += 1
         if worst == "HEALTHY":
             self.decisions["precursor_missed"] += 1

@@ -176,3 +176,15 @@ def test_running_work_has_one_owner_and_never_moves_what_takes_new_work(grade: G
         assert cause is None
     expected = {"FAILING": "node_failing", "MAINTENANCE": "maintenance", "UNREACHABLE": "lost"}
     assert cause == expected.get(grade)
+
+
+def test_the_worst_grade_ranks_maintenance_with_healthy_and_unreachable_last() -> None:
+    from metalguard.controller.core.grades import worst_grade
+
+    assert worst_grade(["HEALTHY", "MAINTENANCE"]) == "HEALTHY"
+    assert worst_grade(["MAINTENANCE", "SUB_HEALTHY", "HEALTHY"]) == "SUB_HEALTHY"
+    assert worst_grade(["FAILING", "SUB_HEALTHY"]) == "FAILING"
+    assert worst_grade(["FAILING", "UNREACHABLE"]) == "UNREACHABLE"
+    assert worst_grade(["HEALTHY", "NEW_GRADE"]) == "NEW_GRADE"
+    with pytest.raises(ValueError, match="empty"):
+        worst_grade([])
