@@ -24,7 +24,7 @@ from nats.js import JetStreamContext
 
 from metalguard.agent.batch import CycleResult, build_batch
 from metalguard.agent.collection import Collection, UnknownCollectorError, resolve_enabled
-from metalguard.agent.collectors.gpu_xids import XidLedger
+from metalguard.agent.collectors.gpu_xids import XID_LEDGER, XidLedger, boot_time
 from metalguard.agent.collectors.rdma import NAME as RDMA_COLLECTOR
 from metalguard.agent.config import AgentConfig, ConfigError, load_config
 from metalguard.agent.events import detect_events
@@ -78,7 +78,9 @@ class AgentService:
         nvidia-ml-py's; a simulated fleet gives its own)."""
         self._env = env
         self._nvml = nvml
-        self.xids = XidLedger()
+        self.xids = XidLedger(
+            path=Path(config.spool.dir) / XID_LEDGER, boot_ts=boot_time(Path(config.collect.procfs))
+        )
         """Each GPU's XIDs, from the watcher to the gpu collector, until a GPU reset."""
         self._udev_opener = udev_opener
         self._config_path = config_path

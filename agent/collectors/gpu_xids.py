@@ -3,16 +3,26 @@ gpu collector that reports them (``GpuDevice.xid_errors``), until a GPU reset cl
 
 An XID whose class a reset clears, or that needs a reboot (``reset_gpu``, ``decode``,
 ``reboot``), is kept until the GPU is reset (:meth:`XidLedger.clear`, the ``gpu_reset``
-command) or the agent restarts (a rebooted node's GPUs start clean); any other XID is kept
-for ``window_s`` (24 h), so the controller can count a storm of 92s without a week-old
-one costing the node forever. At most ``keep`` XIDs per GPU, the newest. Thread-safe: the
-watcher records from its own thread.
+command) or the node reboots; any other XID is kept for ``window_s`` (24 h), so the
+controller can count a storm of 92s without a week-old one costing the node forever. At
+most ``keep`` XIDs per GPU, the newest. Thread-safe: the watcher records from its own
+thread.
+
+With a ``path`` the ledger is kept in a file (the agent's spool directory), written
+atomically on every change, so an agent restart does not forget a GPU waiting for its
+reset; a file written before the node's last boot (``boot_ts``, /proc/stat's ``btime``)
+is dropped: a rebooted node's GPUs start clean. A file that cannot be read is logged and
+ignored, one that cannot be written is logged (the ledger goes on in memory).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import threading
 from collections import deque
+from pathlib import Path
 from typing import Final
 
 from metalguard.proto.xid import XidClass, classify
@@ -21,21 +31,51 @@ STICKY_CLASSES: Final[frozenset[XidClass]] = frozenset({"reset_gpu", "decode", "
 """Classes kept until the GPU is reset (or the node rebooted), whatever their age."""
 WINDOW_S: Final = 86_400.0
 KEEP: Final = 64
+XID_LEDGER: Final = "xids.json"
+"""The ledger's file name in the agent's spool directory."""
+BOOT_SLACK_S: Final = 2.0
+"""``btime`` is whole seconds and may move a little (NTP): a file's boot within this is
+the same boot."""
+
+log = logging.getLogger(__name__)
+
+
+def boot_time(procfs: Path = Path("/proc")) -> float | None:
+    """When this node booted (/proc/stat ``btime``), None when it cannot be read."""
+    try:
+        for line in (procfs / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class XidLedger:
     """Each GPU's recent XIDs (by GPU index)."""
 
-    def __init__(self, window_s: float = WINDOW_S, keep: int = KEEP) -> None:
+    def __init__(
+        self,
+        window_s: float = WINDOW_S,
+        keep: int = KEEP,
+        *,
+        path: Path | None = None,
+        boot_ts: float | None = None,
+    ) -> None:
         self.window_s = window_s
         self.keep = keep
+        self.path = path
+        self.boot_ts = boot_ts
         self._seen: dict[int, deque[tuple[float, int]]] = {}
         self._lock = threading.Lock()
+        if path is not None:
+            self._load(path)
 
     def record(self, index: int, xid: int, ts: float) -> None:
         """One XID reported on GPU ``index`` at ``ts``."""
         with self._lock:
             self._seen.setdefault(index, deque(maxlen=self.keep)).append((ts, xid))
+            self._save()
 
     def xids(self, index: int, now: float) -> tuple[int, ...]:
         """GPU ``index``'s XIDs, oldest first: the sticky ones since its last reset, the
@@ -49,4 +89,46 @@ class XidLedger:
         """Forget GPU ``index``'s XIDs (it was reset); how many were forgotten."""
         with self._lock:
             gone = self._seen.pop(index, None)
+            if gone:
+                self._save()
         return len(gone) if gone else 0
+
+    def _load(self, path: Path) -> None:
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("XID ledger %s unreadable (%s): starting empty", path, exc)
+            return
+        if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), dict):
+            log.warning("XID ledger %s is not a ledger: starting empty", path)
+            return
+        booted = doc.get("boot_ts")
+        if self.boot_ts is not None and (
+            not isinstance(booted, int | float) or abs(booted - self.boot_ts) > BOOT_SLACK_S
+        ):
+            log.info("XID ledger %s is from before the node's boot: starting empty", path)
+            return
+        for key, entries in doc["gpus"].items():
+            try:
+                seen = deque(((float(t), int(x)) for t, x in entries), maxlen=self.keep)
+                self._seen[int(key)] = seen
+            except (TypeError, ValueError):
+                log.warning("XID ledger %s: GPU %r's entries unreadable: dropped", path, key)
+
+    def _save(self) -> None:
+        """Write the ledger (under the lock)."""
+        if self.path is None:
+            return
+        doc = {
+            "boot_ts": self.boot_ts,
+            "gpus": {str(i): [list(e) for e in seen] for i, seen in self._seen.items() if seen},
+        }
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("XID ledger %s not written (%s): kept in memory", self.path, exc)

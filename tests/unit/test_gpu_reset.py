@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from metalguard.agent.collectors.gpu_xids import XidLedger
+from metalguard.agent.collectors.gpu_xids import XidLedger, boot_time
 from metalguard.agent.workload.commands import CommandHandler
 from metalguard.agent.workload.gpu_reset import (
     GpuResetSettings,
@@ -42,6 +42,38 @@ def test_the_ledger_keeps_reset_classes_until_a_reset_and_others_for_a_day() -> 
     assert ledger.xids(0, T0) == ()
     assert ledger.xids(1, T0) == (79,)
     assert ledger.xids(7, T0) == ()
+
+
+def test_the_ledger_survives_an_agent_restart_but_not_a_reboot(tmp_path: Path) -> None:
+    path = tmp_path / "spool" / "xids.json"
+    ledger = XidLedger(path=path, boot_ts=1000.0)
+    ledger.record(2, 119, T0)
+    ledger.record(2, 13, T0 + 1)
+    ledger.record(4, 79, T0)
+    assert ledger.clear(4) == 1
+    again = XidLedger(path=path, boot_ts=1001.0)  # the same boot (btime moved a second)
+    assert (again.xids(2, T0 + 5), again.xids(4, T0 + 5)) == ((119, 13), ())
+    rebooted = XidLedger(path=path, boot_ts=90_000.0)
+    assert rebooted.xids(2, T0 + 5) == ()
+
+
+@pytest.mark.parametrize(
+    "text", ["not json", '{"gpus": 3}', '["x"]', '{"boot_ts": 1000, "gpus": {"x": [[1, 2]]}}']
+)
+def test_a_broken_ledger_file_starts_empty(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "xids.json"
+    path.write_text(text)
+    ledger = XidLedger(path=path, boot_ts=1000.0)
+    assert ledger.xids(0, T0) == ()
+    ledger.record(0, 48, T0)  # and is replaced by a good one
+    assert XidLedger(path=path, boot_ts=1000.0).xids(0, T0) == (48,)
+
+
+def test_boot_time_reads_proc_stat(tmp_path: Path) -> None:
+    (tmp_path / "stat").write_text("cpu  1 2 3\nbtime 1764000000\nprocesses 5\n")
+    assert boot_time(tmp_path) == 1764000000.0
+    assert boot_time(tmp_path / "absent") is None
+    assert boot_time() is not None  # this machine's
 
 
 def test_the_ledger_keeps_the_newest_when_full() -> None:
