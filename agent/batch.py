@@ -10,6 +10,7 @@ from metalguard.proto.base import NodeIdentity
 from metalguard.proto.telemetry import (
     CollectorError,
     CollectorRun,
+    KmsgCounts,
     QosInterfaceStatus,
     TelemetryBatch,
 )
@@ -38,9 +39,10 @@ def build_batch(
     spool_dropped: int = 0,
     qos: tuple[QosInterfaceStatus, ...] = (),
     topology: NodeTopology | None = None,
+    kmsg: KmsgCounts | None = None,
 ) -> TelemetryBatch:
     """The batch of one cycle (``qos``: the QoS reconciler's last verdicts; ``topology``:
-    the node's ``[node]`` place and capacity)."""
+    the node's ``[node]`` place and capacity; ``kmsg``: the kernel log monitor's counts)."""
     readings: dict[str, Any] = {str(k): v for k, v in cycle.readings.items()}
     return TelemetryBatch(
         node=node,
@@ -53,5 +55,6 @@ def build_batch(
         spool_dropped=spool_dropped,
         qos=qos,
         topology=topology,
+        kmsg=kmsg,
         **readings,
     )

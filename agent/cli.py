@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def add_agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``agent run`` and ``agent collect`` to the top-level parser."""
+    """Add ``agent run``, ``collect``, ``kmsg`` and ``qos`` to the top-level parser."""
     agent = sub.add_parser("agent", help="the node agent")
     agent_sub = agent.add_subparsers(dest="agent_command", metavar="ACTION", required=True)
 
@@ -35,6 +35,27 @@ def add_agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     collect.add_argument("--format", choices=("json", "text"), default="json")
     collect.set_defaults(func=_collect)
+
+    kmsg = agent_sub.add_parser("kmsg", help="the kernel log monitor's rules (docs/kmsg.md)")
+    kmsg_sub = kmsg.add_subparsers(dest="kmsg_command", metavar="ACTION", required=True)
+    scan = kmsg_sub.add_parser(
+        "scan", help="classify /dev/kmsg-format records from a file, one finding per line"
+    )
+    scan.add_argument("--file", required=True, help="records in /dev/kmsg's format; - for stdin")
+    scan.add_argument("--rules", type=Path, default=None, help="your rules (TOML, or NPD JSON)")
+    scan.add_argument(
+        "--trust-user-records",
+        action="store_true",
+        help="classify records written from user space too (facility != 0)",
+    )
+    scan.add_argument("--format", choices=("json", "text"), default="json")
+    scan.set_defaults(func=_kmsg_scan)
+    npd = kmsg_sub.add_parser(
+        "import-npd", help="node-problem-detector's kernel-monitor.json as a rules file"
+    )
+    npd.add_argument("file", type=Path, help="kernel-monitor.json")
+    npd.add_argument("--output", type=Path, default=None, help="write here (default: stdout)")
+    npd.set_defaults(func=_kmsg_import_npd)
 
     qos = agent_sub.add_parser("qos", help="flow control on this node (docs/qos.md)")
     qos_sub = qos.add_subparsers(dest="qos_command", metavar="ACTION", required=True)
@@ -67,6 +88,20 @@ def _collect(args: argparse.Namespace) -> int:
         collectors=args.collectors,
         output_format=args.format,
     )
+
+
+def _kmsg_scan(args: argparse.Namespace) -> int:
+    from metalguard.agent.kmsg.scan import main_scan
+
+    return main_scan(
+        args.file, args.rules, trust_user=args.trust_user_records, output_format=args.format
+    )
+
+
+def _kmsg_import_npd(args: argparse.Namespace) -> int:
+    from metalguard.agent.kmsg.scan import main_import_npd
+
+    return main_import_npd(args.file, args.output)
 
 
 def _qos_apply(args: argparse.Namespace) -> int:

@@ -96,6 +96,28 @@ class EventsSection(_Section, frozen=True):
         return self.udev if self.udev is not None else collect.enabled is None
 
 
+class KmsgSection(_Section, frozen=True):
+    """``[kmsg]``: the kernel log monitor (docs/kmsg.md)."""
+
+    enabled: bool | None = None
+    """Default: on when ``collect.enabled`` is not set (the agent reads its own machine)."""
+    path: str = "/dev/kmsg"
+    """The kernel log: /dev/kmsg, or a file in its format (a simulated node's)."""
+    rules: str = ""
+    """Your rules (TOML, or node-problem-detector's kernel-monitor.json), read before the
+    shipped ones; a rule with a shipped rule's name replaces it."""
+    backfill_s: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    """At a first start or after a reboot, the records of the last this many seconds."""
+    storm_window_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
+    """Findings of one kind on one device within this are one event with a count."""
+    trust_user_records: bool = False
+    """Take records written from user space (facility != 0) too: tests, the demo."""
+
+    def on(self, collect: CollectSection) -> bool:
+        """Whether the agent runs the kernel log monitor under ``collect``."""
+        return self.enabled if self.enabled is not None else collect.enabled is None
+
+
 class BmcProxySection(_Section, frozen=True):
     """``[bmc_proxy]``: how the agent polls its ``[[bmc]]`` targets (docs/bmc.md)."""
 
@@ -207,6 +229,7 @@ class AgentConfig(_Section, frozen=True):
     """``[[bmc]]``: BMCs this agent reads out of band (the bmc-proxy, docs/bmc.md)."""
     bmc_proxy: BmcProxySection = BmcProxySection()
     events: EventsSection = EventsSection()
+    kmsg: KmsgSection = KmsgSection()
     workload: WorkloadSection = WorkloadSection()
     metrics: MetricsSection = MetricsSection()
     cache: CacheSection = CacheSection()

@@ -37,6 +37,7 @@ from metalguard.agent.spool import Spool, SpoolError
 if TYPE_CHECKING:
     from metalguard.agent.bmc.proxy import ProxyService
     from metalguard.agent.collectors.udev import MonitorLike
+    from metalguard.agent.kmsg.source import KmsgSource
     from metalguard.agent.metrics import MetricsServer
     from metalguard.agent.qos.reconciler import QosReconciler
     from metalguard.agent.workload.service import WorkloadService
@@ -97,6 +98,7 @@ class AgentService:
         self._bmc_proxy: ProxyService | None = None
         self._qos_reconciler: QosReconciler | None = None
         self._workload: WorkloadService | None = None
+        self._kmsg: KmsgSource | None = None
 
     def _apply(self, config: AgentConfig) -> None:
         """Take a (new) config for collection; NATS settings need a restart."""
@@ -211,6 +213,7 @@ class AgentService:
                         spool_dropped=self._publisher.take_dropped(),
                         qos=self._qos_status(),
                         topology=self.config.node.topology(),
+                        kmsg=self._kmsg.counts() if self._kmsg is not None else None,
                     )
                     await self._publisher.publish_batch(batch)
                 self._last_progress = self._mono()
@@ -324,6 +327,9 @@ class AgentService:
             )
             monitor.open()
             tasks.append(self._guarded(monitor.run(self._emit_uevent), "udev"))
+        kmsg = self._open_kmsg()
+        if kmsg is not None:
+            tasks.append(self._guarded(kmsg.run(), "kmsg"))
         if events.gpu_xid and "gpu" in self.collection.names:
             from metalguard.agent.collectors.gpu import XidWatcher
 
@@ -332,6 +338,39 @@ class AgentService:
             )
             tasks.append(self._guarded(watcher.run(self._emit_xid), "gpu-xid"))
         return tasks
+
+    def _open_kmsg(self) -> KmsgSource | None:
+        """The kernel log monitor as ``[kmsg]`` says (docs/kmsg.md), its log opened now,
+        before READY=1; None when it is off or the log cannot be read (logged)."""
+        section = self.config.kmsg
+        if not section.on(self.config.collect):
+            return None
+        from metalguard.agent.kmsg.rules import RulesError, merged
+        from metalguard.agent.kmsg.source import CURSOR, KmsgSource, load_user_rules
+
+        try:
+            user = load_user_rules(section.rules)
+        except RulesError as exc:
+            log.error("kmsg: %s; using the shipped rules only", exc)
+            user = []
+        source = KmsgSource(
+            lambda: self.identity,
+            self._emit,
+            Path(section.path),
+            rules=merged(user),
+            cursor_path=Path(self.config.spool.dir) / CURSOR,
+            backfill_s=section.backfill_s,
+            storm_window_s=section.storm_window_s,
+            trust_user=section.trust_user_records,
+            clock=self._wall,
+        )
+        try:
+            source.reader.open()
+        except OSError as exc:
+            log.error("kmsg: cannot read %s (%s): the kernel log monitor is off", section.path, exc)
+            return None
+        self._kmsg = source
+        return source
 
     def _guarded(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """A background task whose death is logged, never silently lost."""

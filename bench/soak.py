@@ -54,7 +54,14 @@ from metalguard.proto.events import ControllerEvent
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, JobState
 from metalguard.proto.subjects import Subjects
 
-FAILING_KINDS = ("ecc_ue", "aer_fatal", "smart_fail", "fan_stop", "rdma_port_down")
+FAILING_KINDS = (
+    "ecc_ue",
+    "aer_fatal",
+    "smart_fail",
+    "fan_stop",
+    "rdma_port_down",
+    "gpu_xid_reboot",
+)
 SUB_HEALTHY_KINDS = (
     "ecc_ce_storm",
     "pcie_downgrade",
@@ -63,10 +70,23 @@ SUB_HEALTHY_KINDS = (
 )
 NO_CHANGE_KINDS = ("dcqcn_no_cnp",)
 """Kinds that change no grade (a QoS finding, docs/qos.md): planned with no ``expect``."""
+GPU_KINDS = (
+    "gpu_xid_app",
+    "gpu_xid_ignore",
+    "gpu_xid_attention",
+    "gpu_xid_reset",
+    "gpu_xid_decode",
+    "gpu_remap_pending",
+)
+"""GPU faults judged by nothing here (docs/decisions.md "GPU"): XIDs that cost nothing or
+10 points, and the ones whose node is reset once drained and back HEALTHY (SUB_HEALTHY
+for seconds, or as long as a job runs there): planned with no ``expect``, one an hour per
+cluster. ``gpu_xid_reboot`` isolates: a FAILING kind."""
 EXPECT: dict[str, str | None] = {
     **dict.fromkeys(FAILING_KINDS, "FAILING"),
     **dict.fromkeys(SUB_HEALTHY_KINDS, "SUB_HEALTHY"),
     **dict.fromkeys(NO_CHANGE_KINDS),
+    **dict.fromkeys(GPU_KINDS),
     "agent_kill": "UNREACHABLE",
 }
 assert set(EXPECT) == set(KNOWN_KINDS), "a fault kind the soak does not know"
@@ -167,6 +187,7 @@ def plan_faults(rng: random.Random, fleet: Fleet, duration_s: float) -> list[dic
         ]
         picks += [(rng.uniform(lo, hi), rng.choice(NO_CHANGE_KINDS)) for _ in range(hours)]
         picks += [(rng.uniform(lo, hi), "agent_kill") for _ in range(hours)]
+        picks += [(rng.uniform(lo, hi), rng.choice(GPU_KINDS)) for _ in range(hours)]
         for t, kind in sorted(picks):
             node = take_node(free, kind)
             if node is not None:

@@ -379,6 +379,24 @@ class DatasetCache(Record, frozen=True):
     last_warning: str = ""
 
 
+class KmsgCounts(Record, frozen=True):
+    """The kernel log monitor's counts since the agent started (docs/kmsg.md)."""
+
+    records: NonNegInt = 0
+    """Kernel records read."""
+    findings: dict[str, NonNegInt] = {}
+    """Records classified, by kind (``hung_task``, ``gpu_xid``, ...)."""
+    lost: NonNegInt = 0
+    """Records the ring buffer overwrote before they were read."""
+    suppressed: NonNegInt = 0
+    """Records the kernel itself dropped ("N callbacks suppressed")."""
+    user_records: NonNegInt = 0
+    """Records written from user space (facility != 0), ignored unless trusted."""
+    ignored: NonNegInt = 0
+    """Records a rule marks harmless (a known flood)."""
+    malformed: NonNegInt = 0
+
+
 class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
     """One collection cycle of one node (subject ``<p>.tel.<region>.<cluster>.<node>``)."""
 
@@ -413,3 +431,5 @@ class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
     """Every port of every RDMA (InfiniBand or RoCE) device (docs/protocol.md)."""
     cache: tuple[DatasetCache, ...] = ()
     """Every dataset cache configured on the node (``[[cache.datasets]]``, docs/cache.md)."""
+    kmsg: KmsgCounts | None = None
+    """The kernel log monitor's counts (None: it does not run on the node)."""

@@ -52,10 +52,26 @@ FATAL_EVENT_KINDS: frozenset[str] = frozenset(
 )
 """NodeEvent kinds acted on at once, as a fatal assessment (the scorer's fatal rules)."""
 FATAL_WHEN_CRITICAL_KINDS: frozenset[str] = frozenset(
-    {"gpu_xid", "device_removed", "device_unbound"}
+    {
+        "gpu_xid",
+        "device_removed",
+        "device_unbound",
+        "kmsg_gpu_fallen_off_bus",
+        "kmsg_gpu_sxid",
+        "kmsg_memory_uncorrected",
+        "kmsg_pcie_aer",
+        "kmsg_pcie_link_down",
+        "kmsg_fs_readonly",
+        "kmsg_nvme_down",
+        "kmsg_kernel_panic",
+    }
 )
-"""Kinds acted on at once when the agent rated them ``critical``: a fatal XID (48, 79,
-...), a physical device gone from the bus or unbound by its driver after an error."""
+"""Kinds acted on at once when the agent rated them ``critical``: a lost GPU (XID 79),
+a physical device gone from the bus or unbound by its driver after an error; from the
+kernel log (docs/kmsg.md): a GPU off the bus, a fatal NVSwitch SXid, an uncorrected
+memory error, a fatal AER or a PCIe link down, a file system remounted read-only, an
+NVMe controller down, a kernel panic. Hung tasks and lockups are graded from the batch
+(severe), not isolated on one line."""
 
 
 def is_fatal_event(event: NodeEvent) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import nats
 import pytest
+from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
@@ -74,8 +75,18 @@ def controller_toml(region: Region, tmp: Path) -> str:
 
 
 async def js_ready(url: str) -> None:
-    """Wait until the region's account has JetStream (the meta leader is elected)."""
-    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=5)
+    """Wait until the region's account has JetStream (the meta leader is elected); the
+    connection itself is retried within the same deadline (a loaded machine: a CI run
+    once saw the first connect refused)."""
+
+    async def connected() -> Client | None:
+        try:
+            return await nats.connect(url, connect_timeout=5, max_reconnect_attempts=5)
+        except (OSError, NatsError, TimeoutError):
+            return None
+
+    nc = await wait_for_value(connected, lambda c: c is not None, JS_READY_S, f"NATS at {url}")
+    assert nc is not None
     try:
 
         async def probe() -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 from metalguard.controller.core.scoring.config import DEFAULT_SCORING, Severity
 from metalguard.proto.telemetry import (
     GpuDevice,
+    KmsgCounts,
     NetInterface,
     NvLinkErrors,
     RdmaPort,
@@ -285,3 +286,30 @@ RDMA_CASES: list[tuple[str, list[Step], str, Severity | None]] = [
     ),
 ]
 """(id, steps, rule, severity or None), in the form of test_scoring.py's ``Case``."""
+
+
+def kmsg(**findings: int) -> KmsgCounts:
+    """The kernel log monitor's counts: every kind at 0 but these."""
+    zero = dict.fromkeys(("fs_readonly", "hung_task", "io_error", "oom_kill", "segfault"), 0)
+    return KmsgCounts(records=sum(findings.values()), findings=zero | findings)
+
+
+def kmsg_steps(before: KmsgCounts, after: KmsgCounts, after_s: float = 30.0) -> list[Step]:
+    """Two batches of kernel log counts ``after_s`` apart."""
+    return [(0.0, {"kmsg": before}), (after_s, {"kmsg": after})]
+
+
+KMSG_CASES: list[tuple[str, list[Step], str, Severity | None]] = [
+    ("kmsg read-only fs", kmsg_steps(kmsg(), kmsg(fs_readonly=1)), "kmsg_fatal", "fatal"),
+    ("kmsg hung task", kmsg_steps(kmsg(), kmsg(hung_task=2)), "kmsg_severe", "severe"),
+    ("kmsg I/O error", kmsg_steps(kmsg(), kmsg(io_error=5)), "kmsg_warning", "warning"),
+    ("kmsg quiet", kmsg_steps(kmsg(hung_task=2), kmsg(hung_task=2)), "kmsg_severe", None),
+    ("kmsg OOM kill is the job's", kmsg_steps(kmsg(), kmsg(oom_kill=3)), "kmsg_warning", None),
+    ("kmsg no fatal kind", kmsg_steps(kmsg(), kmsg(segfault=4)), "kmsg_fatal", None),
+    (
+        "kmsg an hour later",
+        [*kmsg_steps(kmsg(), kmsg(hung_task=1), 30.0), (3700.0, {"kmsg": kmsg(hung_task=1)})],
+        "kmsg_severe",
+        None,
+    ),
+]

@@ -12,7 +12,7 @@ import pytest
 from metalguard.controller.core.rules.disks import GROWTH_RULES
 from metalguard.controller.core.scoring.config import RULE_KEYS, Severity
 from metalguard.proto.telemetry import CollectorError, CollectorRun, EdacController, EdacCsrow
-from tests.support.rule_cases import GPU_CASES, NETWORK_CASES, RDMA_CASES
+from tests.support.rule_cases import GPU_CASES, KMSG_CASES, NETWORK_CASES, RDMA_CASES
 from tests.support.scoring_helpers import (
     DIMM_LABEL,
     Step,
@@ -264,6 +264,7 @@ CASES: list[Case] = [
 CASES += [Case(*c) for c in NETWORK_CASES]  # the network, GPU and RDMA rules' tables
 CASES += [Case(*c) for c in GPU_CASES]  # are shared with their own tests (rule_cases.py)
 CASES += [Case(*c) for c in RDMA_CASES]
+CASES += [Case(*c) for c in KMSG_CASES]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -11,6 +11,7 @@ from metalguard.controller.core.rules import (
     cooling,
     disks,
     gpu,
+    kmsg,
     memory,
     network,
     pcie,
@@ -28,6 +29,7 @@ RULES: tuple[Rule, ...] = (
     *bmc.RULES,
     *network.RULES,
     *rdma.RULES,
+    *kmsg.RULES,
     *pipeline.RULES,
 )
 COUNTER_SOURCES: tuple[CounterSource, ...] = (
@@ -37,6 +39,7 @@ COUNTER_SOURCES: tuple[CounterSource, ...] = (
     gpu.counters,
     network.counters,
     rdma.counters,
+    kmsg.counters,
 )
 
 __all__ = ["COUNTER_SOURCES", "RULES", "Context", "CounterSource", "Finding", "Rule"]

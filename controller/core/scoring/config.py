@@ -272,6 +272,15 @@ class Rules(_Section, frozen=True):
     fan_stopped: FlagRule = _flag("severe", 30, 60)
     fan_below_min: FlagRule = _flag("warning", 10, 30)
     fan_alarm: FlagRule = _flag("warning", 10, 30)
+    kmsg_fatal: WindowThresholdRule = WindowThresholdRule(
+        enabled=True, severity="fatal", penalty=100, max_penalty=100, threshold=1, window_s=3600
+    )
+    kmsg_severe: WindowThresholdRule = WindowThresholdRule(
+        enabled=True, severity="severe", penalty=30, max_penalty=30, threshold=1, window_s=3600
+    )
+    kmsg_warning: WindowThresholdRule = WindowThresholdRule(
+        enabled=True, severity="warning", penalty=10, max_penalty=20, threshold=1, window_s=3600
+    )
     fan_peer_outlier: FanPeerRule = FanPeerRule(
         enabled=True, severity="warning", penalty=10, max_penalty=30, ratio=0.5, min_fans=3
     )

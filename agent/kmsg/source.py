@@ -1,0 +1,168 @@
+"""The agent's kernel log monitor: records from the reader, classified by the rules, storms
+coalesced, each finding of severity warning or above published at once as a NodeEvent,
+and the counts per kind for every batch (docs/kmsg.md).
+
+NodeEvents: an XID is ``gpu_xid`` (source ``kmsg``: the same kind as NVML's watcher's, so
+the controller and the job manager's blame take it alike, even when NVML no longer
+answers), every other kind ``kmsg_<kind>``; ``attributes``: ``kind``, ``rule``, ``seq``,
+``count`` (records it stands for), ``repeats`` (the storm's later records, reported when
+its window ended), ``xid``, ``class``, ``action``, ``link``, ``caused_by``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+from metalguard.agent.kmsg.reader import KmsgReader
+from metalguard.agent.kmsg.record import KmsgRecord
+from metalguard.agent.kmsg.rules import Rule, merged
+from metalguard.agent.kmsg.scan import ScanCounts, classify_record, load_rules_file
+from metalguard.agent.kmsg.storm import Coalescer, Report, suppressed_callbacks
+from metalguard.proto.base import AttrValue, NodeIdentity
+from metalguard.proto.events import NodeEvent
+from metalguard.proto.telemetry import KmsgCounts
+
+log = logging.getLogger(__name__)
+
+EVENT_SEVERITIES = frozenset({"warning", "critical"})
+CURSOR = "kmsg.cursor.json"
+"""The reader's cursor, in the agent's spool directory."""
+
+Emit = Callable[[NodeEvent], Awaitable[None]]
+
+
+def event_of(report: Report, node: NodeIdentity, ts: float, event_id: str) -> NodeEvent:
+    """The NodeEvent of one report (pure)."""
+    f = report.finding
+    kind = "gpu_xid" if f.kind == "gpu_xid" else f"kmsg_{f.kind}"
+    attributes: dict[str, AttrValue] = {
+        "kind": f.kind,
+        "rule": f.rule,
+        "seq": f.seq,
+        "count": report.count,
+        "repeats": report.repeats,
+    }
+    if f.xid is not None:
+        attributes.update({"xid": f.xid, "class": f.xid_class, "action": f.action})
+    elif f.action:
+        attributes["action"] = f.action
+    if f.link is not None:
+        attributes["link"] = f.link
+    if f.caused_by is not None:
+        attributes["caused_by"] = f.caused_by
+    said = f.message if not report.repeats else f"{report.count} more like: {f.message}"
+    return NodeEvent(
+        node=node,
+        event_id=event_id,
+        ts=ts,
+        kind=kind,
+        source="kmsg",
+        device=f.device,
+        severity=f.severity,
+        message=said[:1000],
+        attributes=attributes,
+    )
+
+
+class KmsgSource:
+    """Reads the kernel log and publishes what it finds."""
+
+    def __init__(
+        self,
+        identity: Callable[[], NodeIdentity],
+        emit: Emit,
+        path: Path,
+        *,
+        rules: Sequence[Rule] | None = None,
+        cursor_path: Path | None = None,
+        backfill_s: float = 300.0,
+        storm_window_s: float = 60.0,
+        trust_user: bool = False,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        boot: str | None = None,
+    ) -> None:
+        self._identity = identity
+        self._emit = emit
+        self.rules = tuple(rules) if rules is not None else merged([])
+        self._trust_user = trust_user
+        self._clock = clock
+        self._mono = monotonic
+        self._storms = Coalescer(storm_window_s)
+        self._scan = ScanCounts()
+        self._findings: Counter[str] = Counter()
+        self._kinds = tuple(dict.fromkeys(r.kind for r in self.rules if not r.ignore))
+        """Every kind the rules give, counted from 0: a first finding is growth."""
+        self._suppressed = 0
+        self._queue: asyncio.Queue[Report] = asyncio.Queue()
+        self.reader = KmsgReader(
+            path, self._on_records, cursor_path=cursor_path, backfill_s=backfill_s, boot=boot
+        )
+
+    def counts(self) -> KmsgCounts:
+        """The counts for the next batch."""
+        read = self.reader.counts
+        return KmsgCounts(
+            records=self._scan.records,
+            findings={**dict.fromkeys(self._kinds, 0), **self._findings},
+            lost=read.lost,
+            suppressed=self._suppressed,
+            user_records=self._scan.user_records,
+            ignored=self._scan.ignored,
+            malformed=read.malformed,
+        )
+
+    async def run(self) -> None:
+        """Read, classify and publish until cancelled."""
+        publisher = asyncio.create_task(self._publish(), name="kmsg-publish")
+        flusher = asyncio.create_task(self._flush_storms(), name="kmsg-storms")
+        try:
+            await self.reader.run()
+        finally:
+            self.reader.stop()
+            for task in (publisher, flusher):
+                task.cancel()
+            for task in (publisher, flusher):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _on_records(self, records: list[KmsgRecord]) -> None:
+        now = self._mono()
+        for record in records:
+            self._suppressed += suppressed_callbacks(record.text) if record.from_kernel else 0
+            self._scan.records += 1
+            found = classify_record(record, self.rules, self._scan, trust_user=self._trust_user)
+            if found is None:
+                continue
+            self._findings[found.kind] += 1
+            if found.severity in EVENT_SEVERITIES:
+                for report in self._storms.feed(found, now):
+                    self._queue.put_nowait(report)
+
+    async def _flush_storms(self) -> None:
+        """Report each ended storm window's repeats (a quarter window late at most)."""
+        while True:
+            await asyncio.sleep(self._storms.window_s / 4)
+            for report in self._storms.flush(self._mono()):
+                self._queue.put_nowait(report)
+
+    async def _publish(self) -> None:
+        while True:
+            report = await self._queue.get()
+            event = event_of(report, self._identity(), self._clock(), uuid.uuid4().hex)
+            try:
+                await self._emit(event)
+            except Exception:  # the publisher spools; a bug here must not stop the log
+                log.exception("kmsg: publishing %s failed", event.kind)
+
+
+def load_user_rules(path: str) -> list[Rule]:
+    """``[kmsg] rules`` (empty: none); RulesError naming the problem."""
+    return load_rules_file(Path(path)) if path else []
