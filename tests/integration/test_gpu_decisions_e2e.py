@@ -48,13 +48,8 @@ async def test_a_reset_gpu_xid_drains_the_node_resets_the_gpu_and_returns_it(
 ) -> None:
     async with jobs_env(tmp_path, nats_url, nc, subjects, racks=1, nodes_per_rack=4) as env:
         records = env.region.store.records
-        job_id = await env.submit("finishes", STEPS, nodes=2, step_s=STEP_S)
-        first = await env.wait_state(job_id, {"running"})
-        await wait_until(
-            lambda: all(records[h].running_jobs == 1 for h in first.placement),
-            30,
-            "the job's nodes counted by the controller",
-        )
+        first = await env.running_counted("finishes", STEPS, nodes=2, step_s=STEP_S)
+        job_id = first.job_id
         await env.wait_step(job_id, 10)
         victim = first.placement[1]
         name = victim.rsplit(".", 1)[-1]

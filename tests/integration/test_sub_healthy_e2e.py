@@ -29,13 +29,8 @@ async def test_a_sub_healthy_nodes_job_finishes_where_it_runs_then_the_node_drai
 ) -> None:
     async with jobs_env(tmp_path, nats_url, nc, subjects, racks=1, nodes_per_rack=4) as env:
         records = env.region.store.records
-        job_id = await env.submit("finishes", STEPS, nodes=2, step_s=STEP_S)
-        first = await env.wait_state(job_id, {"running"})
-        await wait_until(
-            lambda: all(records[h].running_jobs == 1 for h in first.placement),
-            30,
-            "the job's nodes counted by the controller",
-        )
+        first = await env.running_counted("finishes", STEPS, nodes=2, step_s=STEP_S)
+        job_id = first.job_id
         await env.wait_step(job_id, 20)
         victim = first.placement[1]
         env.fleet.apply("pcie_downgrade", victim.rsplit(".", 1)[-1])

@@ -150,7 +150,7 @@ def test_an_sxid_with_its_link_and_severity() -> None:
         ("BUG: soft lockup - CPU#0 stuck for 67s! [swapper/0:0]", "soft_lockup", "warning"),
         ("INFO: rcu_sched self-detected stall on CPU", "rcu_stall", "warning"),
         ("BUG: unable to handle kernel NULL pointer dereference at 0000000000000008", "kernel_oops", "warning"),
-        ("Out of memory: Kill process 1234 (python3) score 900 or sacrifice child", None, None),
+        ("Out of memory: Kill process 1234 (python3) score 900 or sacrifice child", "oom_kill", "warning"),
         ("Killed process 1234 (python3) total-vm:10000kB, anon-rss:9000kB, file-rss:0kB", "oom_kill", "warning"),
         ("Memory cgroup out of memory: Killed process 4321 (my trainer) total-vm:1kB, anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1kB oom_score_adj:0", "oom_kill", "warning"),
         ("pcieport 0000:00:01.0: AER: PCIe Bus Error: severity=Uncorrected (Fatal), type=Transaction Layer, (Receiver ID)", "pcie_aer", "critical"),

@@ -115,6 +115,19 @@ class JobsEnv:
         )
         return self.job(job_id)
 
+    async def running_counted(self, name: str, steps: int, **extra: Any) -> JobStatus:
+        """Submit a job, wait until it runs and the controller counts it on its nodes
+        (``NodeRecord.running_jobs``); its running status."""
+        job_id = await self.submit(name, steps, **extra)
+        running = await self.wait_state(job_id, {"running"})
+        records = self.region.store.records
+        await wait_until(
+            lambda: all(records[h].running_jobs == 1 for h in running.placement),
+            30,
+            "the job's nodes counted by the controller",
+        )
+        return running
+
     async def wait_step(self, job_id: str, step: int, timeout_s: float = 30.0) -> None:
         def reached() -> bool:
             s = self.job(job_id)
