@@ -242,9 +242,15 @@ class DemoFleet:
         await asyncio.gather(*(f.stop() for f in self.fleets), return_exceptions=True)
 
     def apply(
-        self, kind: str, node: str, *, count: int | None = None, duration_s: float | None = None
+        self,
+        kind: str,
+        node: str,
+        *,
+        count: int | None = None,
+        duration_s: float | None = None,
+        line: str = "",
     ) -> Applied:
-        return self._of[node].apply(kind, node, count=count, duration_s=duration_s)
+        return self._of[node].apply(kind, node, count=count, duration_s=duration_s, line=line)
 
     def tick(self) -> None:
         for fleet in self.fleets:
@@ -363,7 +369,11 @@ async def _play(fleet: DemoFleet, scenario: Scenario | None, journal: _Journal) 
                 applied.add(index)
                 try:
                     result = fleet.apply(
-                        fault.kind, fault.node, count=fault.count, duration_s=fault.duration_s
+                        fault.kind,
+                        fault.node,
+                        count=fault.count,
+                        duration_s=fault.duration_s,
+                        line=fault.line,
                     )
                 except FaultError as exc:  # the node lacks the device (a RoCE port, ...)
                     _say(f"[{journal.t():6.1f}s] fault {fault.kind} on {fault.node} skipped: {exc}")
@@ -846,10 +856,11 @@ def workload_section(node_dir: Path, *, stop_grace_s: float = 2.0) -> str:
 class WorkloadFleet(SimFleet):
     """The simulated fleet with every agent's workload runner enabled, so each simulated
     node runs its job members as processes on this machine (MG_MASTER_ADDR 127.0.0.1),
-    and NVIDIA GPUs behind a simulated NVML (``nvml``, on unless told otherwise)."""
+    and NVIDIA GPUs behind a simulated NVML and a simulated kernel log (``nvml``,
+    ``kmsg``: on unless told otherwise)."""
 
-    def __init__(self, *args: Any, nvml: bool = True, **kwargs: Any) -> None:
-        super().__init__(*args, nvml=nvml, **kwargs)
+    def __init__(self, *args: Any, nvml: bool = True, kmsg: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, nvml=nvml, kmsg=kmsg, **kwargs)
 
     def _build(self) -> dict[str, SimNode]:
         nodes = super()._build()

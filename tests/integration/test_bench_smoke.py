@@ -189,3 +189,20 @@ def test_silence_bench_quick_prints_both_ways_and_their_ratio() -> None:
     assert float(walk) > 0
     assert float(watch) > 0
     assert int(silent) > 0, "no node fell silent: the check was not exercised"
+
+
+KMSG_BENCH = BENCH.parent / "kmsg_bench.py"
+
+
+@pytest.mark.xdist_group("kmsg")  # it writes to /dev/kmsg and sets printk_devkmsg, as root
+def test_kmsg_bench_quick_prints_figures() -> None:
+    out = run_quick(str(KMSG_BENCH), "--quick", timeout_s=180).stdout
+    assert re.search(r"^\(b\) a burst of 2,000 records: [\d.]+ s CPU .* \([\d.]+x\)", out, re.M), (
+        out
+    )
+    if "(a), (c): need root" not in out:
+        assert re.search(r"^\(a\) latency over 20 of 20 lines", out, re.M), out
+        assert re.search(r"p50 [\d.]+ ms, p99 [\d.]+ ms", out), out
+        assert re.search(r"^\(c\) idle CPU over 2 s: kmsg on [\d.]+ s, off [\d.]+ s", out, re.M), (
+            out
+        )

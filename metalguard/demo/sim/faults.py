@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from metalguard.agent.kmsg.reader import uptime_us
 from metalguard.demo.sim import gpus
 from metalguard.demo.sim.tree import (
     LINK_LAYER_ETH,
@@ -46,6 +48,7 @@ KNOWN_KINDS: tuple[str, ...] = (
     "dcqcn_no_cnp",
     *(f"gpu_xid_{c}" for c in ("app", "ignore", "reset", "decode", "reboot", "attention")),
     "gpu_remap_pending",
+    "kmsg",
 )
 GPU_XIDS: dict[str, int] = {
     "gpu_xid_app": 13,
@@ -281,6 +284,30 @@ def _pick(items: tuple[str, ...], what: str, rng: random.Random) -> str:
     return rng.choice(items)
 
 
+KMSG_FILE = "kmsg"
+"""A simulated node's kernel log, in /dev/kmsg's record format (its agent's
+``[kmsg] path``)."""
+KMSG_LEVEL = 3
+"""The records' priority: the kernel's facility 0, level err."""
+
+
+def _kmsg(tree: NodeTree, line: str, count: int) -> Applied:
+    """The node's kernel logs ``line`` ``count`` times (one record each, written whole)."""
+    if not line.strip():
+        raise FaultError("a kmsg fault needs the line to log")
+    path = tree.root / KMSG_FILE
+    text = path.read_text() if path.exists() else ""
+    rows = [row for row in text.splitlines() if row and not row.startswith(" ")]
+    seq = len(rows)
+    last_us = int(rows[-1].split(",", 3)[2]) + 1 if rows else 0
+    # the clock /dev/kmsg stamps with (10 ms steps in /proc/uptime): never backwards
+    ts_us = max(uptime_us() or int(time.monotonic() * 1e6), last_us)
+    body = "".join(f"{KMSG_LEVEL},{seq + i + 1},{ts_us + i},-;{line}\n" for i in range(count))
+    with path.open("a") as f:
+        f.write(body)
+    return Applied("kmsg", f"kernel log: {line}" + (f" ({count} times)" if count > 1 else ""))
+
+
 def _gpu_index(tree: NodeTree, rng: random.Random) -> int:
     """A simulated GPU of the node, chosen with ``rng``."""
     found = gpus.read_state(gpus.state_dir(tree.root))
@@ -388,6 +415,7 @@ def apply_fault(
     count: int | None = None,
     duration_s: float | None = None,
     now: float = 0.0,
+    line: str = "",
 ) -> Applied:
     """Make one fault happen in ``tree`` now; the device is chosen with ``rng``.
 
@@ -443,6 +471,8 @@ def apply_fault(
             raise FaultError("agent_kill changes no file: the fleet runner stops the agent")
         case _ if kind in GPU_XIDS:
             return _gpu_xid(tree, kind, rng, n)
+        case "kmsg":
+            return _kmsg(tree, line, n)
         case "gpu_remap_pending":
             index = _gpu_index(tree, rng)
             gpus.change(gpus.state_dir(tree.root), index, remap_pending=1)

@@ -24,7 +24,14 @@ from typing import Literal
 from metalguard.agent.config import AgentConfig, parse_config
 from metalguard.agent.service import AgentService
 from metalguard.demo.sim import gpus
-from metalguard.demo.sim.faults import RUNNER_KINDS, Applied, FaultError, Process, apply_fault
+from metalguard.demo.sim.faults import (
+    KMSG_FILE,
+    RUNNER_KINDS,
+    Applied,
+    FaultError,
+    Process,
+    apply_fault,
+)
 from metalguard.demo.sim.nvml import SimNvml
 from metalguard.demo.sim.scenario import Scenario, ScenarioError, due_faults, unknown_nodes
 from metalguard.demo.sim.traffic import Traffic
@@ -143,6 +150,7 @@ def agent_config_text(
     topology: NodeTopology | None = None,
     rdma: bool = True,
     gpu: bool = False,
+    kmsg: Path | None = None,
 ) -> str:
     """The agent.toml of one simulated node: its tree, every interval ``interval_s``;
     the ``rdma`` collector too (every :data:`RDMA_INTERVAL_FACTOR` intervals) when the tree
@@ -180,7 +188,15 @@ timeout_s = 30.0
 {interval_lines}
 [spool]
 dir = "{spool_dir}"
-"""
+{kmsg_section(kmsg)}"""
+
+
+def kmsg_section(path: Path | None) -> str:
+    """The ``[kmsg]`` table of a node whose simulated kernel log is ``path`` ("" without
+    one): the agent reads it from the start, as its kernel's."""
+    if path is None:
+        return ""
+    return f'\n[kmsg]\nenabled = true\npath = "{path}"\nbackfill_s = 0\n'
 
 
 @dataclass(slots=True)
@@ -218,12 +234,16 @@ class SimFleet:
         fabric: Fabric = "mixed",
         clock: Callable[[], float] = time.monotonic,
         nvml: bool = False,
+        kmsg: bool = False,
     ) -> None:
         """``nvml``: each node's GPUs are NVIDIA's too, behind a simulated NVML
         (:mod:`demo.sim.nvml`): the agents run the gpu collector and the XID watcher, and
         the ``gpu_*`` faults apply."""
         self.root_dir = Path(root_dir)
         self.nvml = nvml
+        self.kmsg = kmsg
+        """Each node's agent reads a simulated kernel log (``<node>/kmsg``), which the
+        ``kmsg`` fault writes to."""
         self.nats_url = nats_url
         self.region = region
         self.interval_s = interval_s
@@ -284,6 +304,7 @@ class SimFleet:
                 topology=self.topology[name],
                 rdma=bool(tree.paths.rdma_ports),
                 gpu=self.nvml,
+                kmsg=self._kmsg_file(node_dir),
             )
             nvml = None
             if self.nvml:
@@ -295,6 +316,14 @@ class SimFleet:
             config = parse_config(text, str(config_path))
             nodes[name] = SimNode(name, tree, config_path, config, traffic=traffic, nvml=nvml)
         return nodes
+
+    def _kmsg_file(self, node_dir: Path) -> Path | None:
+        """A node's simulated kernel log, created empty (None: the fleet has none)."""
+        if not self.kmsg:
+            return None
+        path = node_dir / KMSG_FILE
+        path.touch()
+        return path
 
     # --- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -359,7 +388,13 @@ class SimFleet:
             sim.service.request_stop()
 
     def apply(
-        self, kind: str, node: str, *, count: int | None = None, duration_s: float | None = None
+        self,
+        kind: str,
+        node: str,
+        *,
+        count: int | None = None,
+        duration_s: float | None = None,
+        line: str = "",
     ) -> Applied:
         """Make fault ``kind`` happen on ``node`` now; stateful ones keep going on ticks."""
         if kind in RUNNER_KINDS:
@@ -373,6 +408,7 @@ class SimFleet:
                 count=count,
                 duration_s=duration_s,
                 now=self._clock(),
+                line=line,
             )
             if result.process is not None:
                 self.processes.setdefault(node, []).append(result.process)
@@ -408,6 +444,12 @@ class SimFleet:
         while len(applied) < len(scenario.fault) or self.processes:
             for index, fault in due_faults(scenario, self.elapsed_s, applied):
                 applied.add(index)
-                self.apply(fault.kind, fault.node, count=fault.count, duration_s=fault.duration_s)
+                self.apply(
+                    fault.kind,
+                    fault.node,
+                    count=fault.count,
+                    duration_s=fault.duration_s,
+                    line=fault.line,
+                )
             self.tick()
             await asyncio.sleep(step)

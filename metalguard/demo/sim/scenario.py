@@ -62,6 +62,9 @@ class Fault(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     duration_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
     expect: Grade | None = None
     """The grade the controller should give the node (the demo report checks it)."""
+    line: str = ""
+    """``kind = "kmsg"``: the line the node's kernel logs (its simulated kernel log,
+    which the node's agent reads as /dev/kmsg; docs/kmsg.md)."""
 
 
 class ScenarioJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -140,6 +143,12 @@ def _known_kinds(scenario: Scenario, source: str) -> Scenario:
                 f"{source}: fault[{i}].kind: unknown kind {fault.kind!r}; "
                 f"known: {', '.join(KNOWN_KINDS)}"
             )
+        if (fault.kind == "kmsg") != bool(fault.line.strip()):
+            raise ScenarioError(
+                f"{source}: fault[{i}].line: "
+                + ("kind 'kmsg' needs the line to log" if fault.kind == "kmsg" else
+                   f"only kind 'kmsg' takes a line, not {fault.kind!r}")
+            )  # fmt: skip
     return scenario
 
 
