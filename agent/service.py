@@ -339,6 +339,16 @@ class AgentService:
             tasks.append(self._guarded(watcher.run(self._emit_xid), "gpu-xid"))
         return tasks
 
+    def _oom_killed(self, pid: int, ts: float) -> None:
+        """The kernel's OOM killer killed ``pid``: the workload runner's to know."""
+        if self._workload is not None:
+            self._workload.runner.note_oom_kill(pid, ts)
+
+    @property
+    def workload(self) -> WorkloadService | None:
+        """The workload runner and its command handler (None: ``[workload]`` is off)."""
+        return self._workload
+
     def _open_kmsg(self) -> KmsgSource | None:
         """The kernel log monitor as ``[kmsg]`` says (docs/kmsg.md), its log opened now,
         before READY=1; None when it is off or the log cannot be read (logged)."""
@@ -363,6 +373,7 @@ class AgentService:
             storm_window_s=section.storm_window_s,
             trust_user=section.trust_user_records,
             clock=self._wall,
+            on_oom_kill=self._oom_killed,
         )
         try:
             source.reader.open()

@@ -95,6 +95,8 @@ class MemberState(Record, frozen=True):
     """Set once the member's process exited (``-signal`` when killed by one)."""
     digest: str = ""
     """The workload's final ``digest=`` line, when it printed one."""
+    exit_cause: str = ""
+    """Why the process was killed, when its node knows: ``oom-killed``."""
 
 
 class JobMove(Record, frozen=True):

@@ -92,6 +92,8 @@ class Finding:
     """An XID 45's earlier XID ("caused by previous Xid N")."""
     link: int | None = None
     """The NVLink (or NVSwitch link) the record names."""
+    pid: int | None = None
+    """The process the record names (an OOM kill's victim, a hung task, a segfault)."""
 
     def to_json(self) -> dict[str, Any]:
         """The finding as ``kmsg scan --format json`` prints it."""
@@ -329,4 +331,5 @@ def _finding(record: KmsgRecord, rule: Rule, m: re.Match[str]) -> Finding:
         xid_class=xid_class,
         caused_by=_int(_group(m, "prev")),
         link=_int(_group(m, "link")),
+        pid=_int(_group(m, "pid") or _group(m, "oldpid")),
     )

@@ -88,7 +88,11 @@ class KmsgSource:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         boot: str | None = None,
+        on_oom_kill: Callable[[int, float], None] = lambda _pid, _ts: None,
     ) -> None:
+        """``on_oom_kill``: told each process the OOM killer killed (pid, time): the
+        workload runner makes it the member's exit cause."""
+        self._on_oom_kill = on_oom_kill
         self._identity = identity
         self._emit = emit
         self.rules = tuple(rules) if rules is not None else merged([])
@@ -142,6 +146,8 @@ class KmsgSource:
             if found is None:
                 continue
             self._findings[found.kind] += 1
+            if found.kind == "oom_kill" and found.pid is not None:
+                self._on_oom_kill(found.pid, self._clock())
             if found.severity in EVENT_SEVERITIES:
                 for report in self._storms.feed(found, now):
                     self._queue.put_nowait(report)

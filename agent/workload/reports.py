@@ -63,10 +63,20 @@ class ExitInfo:
     step: int
     runtime_s: float
     digest: str
+    cause: str = ""
+    """Why it was killed, when the node knows: ``oom-killed`` (the kernel's OOM killer,
+    read from the kernel log; docs/kmsg.md)."""
 
 
 def exit_info(
-    returncode: int, *, stopped: bool, forced: bool, step: int, runtime_s: float, output: str
+    returncode: int,
+    *,
+    stopped: bool,
+    forced: bool,
+    step: int,
+    runtime_s: float,
+    output: str,
+    cause: str = "",
 ) -> ExitInfo:
     """An ExitInfo from a Popen-style return code (negative: killed by that signal)."""
     code: int | None = returncode
@@ -77,7 +87,9 @@ def exit_info(
             sig = signal.Signals(-returncode).name
         except ValueError:
             sig = f"SIG{-returncode}"
-    return ExitInfo(code, sig, stopped, forced, step, round(runtime_s, 3), digest_from(output))
+    return ExitInfo(
+        code, sig, stopped, forced, step, round(runtime_s, 3), digest_from(output), cause
+    )
 
 
 def digest_from(output: str) -> str:
@@ -147,4 +159,5 @@ def exited_event(
         runtime_s=info.runtime_s,
         digest=info.digest,
         generation=generation,
+        **({"cause": info.cause} if info.cause else {}),
     )

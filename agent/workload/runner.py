@@ -35,12 +35,16 @@ from metalguard.agent.workload.reports import (
 )
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
-from metalguard.runtime.deadlines import within
+from metalguard.runtime.deadlines import wait_event, within
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[[NodeEvent], Awaitable[None]]
 KEEP_EXITED = 256
+OOM_WAIT_S = 1.0
+"""How long a member killed by SIGKILL waits for the kernel log's OOM record of it."""
+OOM_REMEMBER = 1024
+"""OOM-killed pids kept (the newest)."""
 """Exited members remembered for ``status``."""
 SIGNAL_POLL_S = 0.1
 """How often the checkpoint dir is looked at after a SIGUSR1."""
@@ -145,6 +149,9 @@ class Runner:
         self._wall = wall_clock
         self._dataset_dirs = dataset_dirs
         self._members: OrderedDict[str, Member] = OrderedDict()
+        self._oom: OrderedDict[int, float] = OrderedDict()
+        """Pids the kernel's OOM killer killed (from the kernel log), newest last."""
+        self._oom_waiters: dict[int, asyncio.Event] = {}
         self._silent = False
         self._channel = Channel(settings.socket_path, self._on_peer_message, self._on_peer_gone)
 
@@ -350,10 +357,35 @@ class Runner:
             command_id=command_id,
         )
 
+    def note_oom_kill(self, pid: int, ts: float) -> None:
+        """The kernel log says the OOM killer killed ``pid`` (docs/kmsg.md): a member of
+        that pid that dies of SIGKILL exits with the cause ``oom-killed``."""
+        self._oom[pid] = ts
+        while len(self._oom) > OOM_REMEMBER:
+            self._oom.popitem(last=False)
+        waiter = self._oom_waiters.get(pid)
+        if waiter is not None:
+            waiter.set()
+
+    async def _exit_cause(self, member: Member, returncode: int) -> str:
+        """``oom-killed`` when the kernel's OOM killer killed the member's process: its
+        record may come a moment after the exit, so a SIGKILL this runner did not send
+        waits up to ``OOM_WAIT_S`` for it."""
+        if returncode != -signal.SIGKILL or member.stopping:
+            return ""
+        if member.pid not in self._oom:
+            waiter = self._oom_waiters.setdefault(member.pid, asyncio.Event())
+            try:
+                await wait_event(waiter, OOM_WAIT_S)
+            finally:
+                self._oom_waiters.pop(member.pid, None)
+        return "oom-killed" if member.pid in self._oom else ""
+
     async def _watch(self, member: Member) -> None:
         """Wait for the process to exit; report it."""
         assert member.proc is not None
         returncode = await member.proc.wait()
+        cause = await self._exit_cause(member, returncode)
         _signal_group(member.pid, signal.SIGKILL)  # stragglers of the group
         if member.flusher is not None:
             member.flusher.cancel()
@@ -365,6 +397,7 @@ class Runner:
             step=member.step,
             runtime_s=time.monotonic() - member.started_mono,
             output=output,
+            cause=cause,
         )
         for future, _cid in member.waiters.values():
             if not future.done():

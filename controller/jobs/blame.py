@@ -23,6 +23,9 @@ from metalguard.proto.xid import classify
 
 FAILURE_KINDS = frozenset({"job.crashed", "job.hung"})
 """The job events whose members' nodes are blamed."""
+NOT_THE_NODES = frozenset({"oom-killed"})
+"""Crash causes that are the workload's, never its node's: the kernel's OOM killer
+killed the process (docs/kmsg.md)."""
 
 
 FAILED = "failed"
@@ -62,7 +65,7 @@ def blamed_nodes(
     or the hung members' nodes, when the job's other members' nodes are not among them
     (a job whose every node failed blames none of them: the job itself is the likely
     cause), or the job has one node."""
-    if kind not in FAILURE_KINDS:
+    if kind not in FAILURE_KINDS or attributes.get("cause") in NOT_THE_NODES:
         return ()
     listed = attributes.get("node") if kind == "job.crashed" else attributes.get("nodes")
     failed = {n for n in str(listed or "").split(",") if n}

@@ -154,6 +154,7 @@ def observe_member(
     step: int | None = None,
     exit_code: int | None = None,
     digest: str = "",
+    exit_cause: str = "",
 ) -> JobStatus:
     """A member's report (progress, exit) for ``generation``; stale ones are ignored."""
     return observe_members(
@@ -163,6 +164,7 @@ def observe_member(
         steps=None if step is None else {node: step},
         exit_codes=None if exit_code is None else {node: exit_code},
         digests={node: digest} if digest else None,
+        exit_causes={node: exit_cause} if exit_cause else None,
     )
 
 
@@ -174,12 +176,14 @@ def observe_members(
     steps: Mapping[str, int] | None = None,
     exit_codes: Mapping[str, int] | None = None,
     digests: Mapping[str, str] | None = None,
+    exit_causes: Mapping[str, str] | None = None,
 ) -> JobStatus:
     """Many members' reports (by node) for ``generation`` in one pass, each taken as
     :func:`observe_member` takes it: a gang's progress costs O(members), not O(members²)."""
     if generation != status.generation or status.state in TERMINAL_JOB_STATES:
         return status
     steps, exit_codes, digests = steps or {}, exit_codes or {}, digests or {}
+    causes = exit_causes or {}
     members = []
     for m in status.members:
         new = m
@@ -188,7 +192,7 @@ def observe_members(
             new = replace(new, step=step, progress_ts=now)
         exit_code = exit_codes.get(m.node)
         if exit_code is not None and m.exit_code is None:
-            new = replace(new, exit_code=exit_code)
+            new = replace(new, exit_code=exit_code, exit_cause=causes.get(m.node, ""))
         digest = digests.get(m.node, "")
         if digest and not m.digest:
             new = replace(new, digest=digest)
@@ -298,6 +302,9 @@ def _watch_running(status: JobStatus, world: World) -> Step:
         m = crashed[0]
         attrs = {"rank": m.rank, "exit_code": m.exit_code, "node": m.node}
         why = f"rank {m.rank} on {m.node} exited {m.exit_code}"
+        if m.exit_cause:
+            attrs["cause"] = m.exit_cause
+            why += f" ({m.exit_cause})"
         return _restart(status, "crash", world, why, "job.crashed", attrs)
     timeout, by_default = hang_timeout(job, world.timings)
     if timeout > 0:

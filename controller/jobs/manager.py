@@ -647,6 +647,7 @@ def observe(status: JobStatus, node: str, event: NodeEvent, now: float) -> JobSt
             code = -9 if signal else 1
         digest = attrs.get("digest")
         step = attrs.get("step")
+        cause = attrs.get("cause")
         return machine.observe_member(
             status,
             node,
@@ -655,6 +656,7 @@ def observe(status: JobStatus, node: str, event: NodeEvent, now: float) -> JobSt
             exit_code=code,
             digest=digest if isinstance(digest, str) else "",
             step=step if isinstance(step, int) and step >= 0 else None,
+            exit_cause=cause if isinstance(cause, str) else "",
         )
     return status
 

@@ -123,3 +123,30 @@ async def test_members_get_their_datasets_mount(
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len([w for w in warned if "MG_DATASET_DIR not set" in w]) == 2, warned
     assert any("'missing' has no mount on this node" in w for w in warned), warned
+
+
+async def test_a_member_the_oom_killer_killed_exits_with_that_cause(tmp_path: Path) -> None:
+    """docs/kmsg.md: the kernel log's OOM kill of a member's pid, even a moment after the
+    SIGKILL, makes its exit ``oom-killed``; a SIGKILL the log does not name has no cause."""
+    import signal
+
+    events: list[NodeEvent] = []
+    runner = _runner(tmp_path, events)
+    await runner.start()
+    try:
+        oom = await runner.launch(_spec("oom", "--steps", "100000", "--step-seconds", "0.01"))
+        other = await runner.launch(_spec("kill", "--steps", "100000", "--step-seconds", "0.01"))
+        await wait_until(lambda: oom.step > 2 and other.step > 2, 10, "heartbeats")
+        os.kill(oom.pid, signal.SIGKILL)
+        # the kernel log's record comes after the process is gone
+        await wait_until(lambda: not _alive(oom.pid), 10, "the killed member reaped")
+        runner.note_oom_kill(oom.pid, 1.0)
+        os.kill(other.pid, signal.SIGKILL)
+        await oom.exited.wait()
+        await other.exited.wait()
+        exits = {str(e.attributes["job_id"]): e for e in events if e.kind == "job_exited"}
+        assert exits["oom"].attributes["cause"] == "oom-killed"
+        assert exits["oom"].attributes["signal"] == "SIGKILL"
+        assert "cause" not in exits["kill"].attributes
+    finally:
+        await runner.close()

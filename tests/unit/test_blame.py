@@ -91,3 +91,14 @@ def test_an_uncordon_ends_the_suspicion() -> None:
     cleared = operator(out.records[NODE.handle], "uncordon", "ok", "ann", 6.0, CFG).record
     assert (cleared.grade, cleared.suspect_jobs, cleared.suspect_until) == ("HEALTHY", (), None)
     assert observe(cleared, batch(20.0, 2), CFG).record.grade == "HEALTHY"
+
+
+def test_a_crash_the_oom_killer_caused_blames_no_node() -> None:
+    from metalguard.controller.jobs.blame import blamed_nodes
+    from metalguard.proto.base import AttrValue
+    from metalguard.proto.jobs import MemberState
+
+    members = (MemberState(rank=0, node="a"), MemberState(rank=1, node="b"))
+    crashed: dict[str, AttrValue] = {"node": "b", "rank": 1, "exit_code": -9}
+    assert blamed_nodes("job.crashed", crashed, members) == ("b",)
+    assert blamed_nodes("job.crashed", {**crashed, "cause": "oom-killed"}, members) == ()

@@ -218,6 +218,19 @@ def test_a_crashing_job_fails_after_its_restart_budget() -> None:
     assert seen[-1] == "job.failed"
 
 
+def test_a_crash_names_its_cause_when_the_node_knows_it() -> None:
+    """docs/kmsg.md: a member the OOM killer killed crashes the job with that cause."""
+    s = running(job(max_restarts=1))
+    s = m.observe_member(s, "r.c.n1", 1, T0 + 1, exit_code=-9, exit_cause="oom-killed")
+    assert s.members[0].exit_cause == "oom-killed"
+    step = m.advance(s, m.World(T0 + 1, HEALTHY, {}, timings=TIMINGS))
+    (crashed,) = [e for e in step.emits if e.kind == "job.crashed"]
+    assert crashed.attributes["cause"] == "oom-killed"
+    plain = m.observe_member(running(job()), "r.c.n1", 1, T0 + 1, exit_code=1)
+    (other,) = [e for e in m.advance(plain, world(T0 + 1)).emits if e.kind == "job.crashed"]
+    assert "cause" not in other.attributes
+
+
 def test_success_needs_every_member_and_keeps_rank_0s_digest() -> None:
     s = running()
     s = m.observe_member(s, "r.c.n1", 1, T0 + 1, exit_code=0, digest="abc")
