@@ -112,6 +112,9 @@ class KmsgSection(_Section, frozen=True):
     """Findings of one kind on one device within this are one event with a count."""
     trust_user_records: bool = False
     """Take records written from user space (facility != 0) too: tests, the demo."""
+    pstore: tuple[str, ...] = ("/sys/fs/pstore", "/var/lib/systemd/pstore")
+    """Where the previous boot's kernel log dumps are (a panic survives only there); each
+    dump is read once (docs/kmsg.md "Panics")."""
 
     def on(self, collect: CollectSection) -> bool:
         """Whether the agent runs the kernel log monitor under ``collect``."""

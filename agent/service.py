@@ -356,7 +356,12 @@ class AgentService:
         if not section.on(self.config.collect):
             return None
         from metalguard.agent.kmsg.rules import RulesError, merged
-        from metalguard.agent.kmsg.source import CURSOR, KmsgSource, load_user_rules
+        from metalguard.agent.kmsg.source import (
+            CURSOR,
+            PSTORE_STATE,
+            KmsgSource,
+            load_user_rules,
+        )
 
         try:
             user = load_user_rules(section.rules)
@@ -374,6 +379,8 @@ class AgentService:
             trust_user=section.trust_user_records,
             clock=self._wall,
             on_oom_kill=self._oom_killed,
+            pstore=tuple(Path(p) for p in section.pstore),
+            pstore_state=Path(self.config.spool.dir) / PSTORE_STATE,
         )
         try:
             source.reader.open()

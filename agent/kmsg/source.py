@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from metalguard.agent.kmsg.pstore import dump_key, dump_records, dumps
 from metalguard.agent.kmsg.reader import KmsgReader
 from metalguard.agent.kmsg.record import KmsgRecord
 from metalguard.agent.kmsg.rules import Rule, merged
@@ -57,6 +60,8 @@ def event_of(report: Report, node: NodeIdentity, ts: float, event_id: str) -> No
         attributes["link"] = f.link
     if f.caused_by is not None:
         attributes["caused_by"] = f.caused_by
+    if report.previous_boot:
+        attributes["previous_boot"] = True
     said = f.message if not report.repeats else f"{report.count} more like: {f.message}"
     return NodeEvent(
         node=node,
@@ -89,10 +94,14 @@ class KmsgSource:
         monotonic: Callable[[], float] = time.monotonic,
         boot: str | None = None,
         on_oom_kill: Callable[[int, float], None] = lambda _pid, _ts: None,
+        pstore: tuple[Path, ...] = (),
+        pstore_state: Path | None = None,
     ) -> None:
         """``on_oom_kill``: told each process the OOM killer killed (pid, time): the
         workload runner makes it the member's exit cause."""
         self._on_oom_kill = on_oom_kill
+        self._pstore = pstore
+        self._pstore_state = pstore_state
         self._identity = identity
         self._emit = emit
         self.rules = tuple(rules) if rules is not None else merged([])
@@ -125,6 +134,7 @@ class KmsgSource:
 
     async def run(self) -> None:
         """Read, classify and publish until cancelled."""
+        await asyncio.to_thread(self._read_pstore)
         publisher = asyncio.create_task(self._publish(), name="kmsg-publish")
         flusher = asyncio.create_task(self._flush_storms(), name="kmsg-storms")
         try:
@@ -152,6 +162,32 @@ class KmsgSource:
                 for report in self._storms.feed(found, now):
                     self._queue.put_nowait(report)
 
+    def _read_pstore(self) -> None:
+        """The previous boot's dumps not handled yet (a panic's records survive only
+        there): each finding counted and, warning or above, reported once, marked
+        ``previous_boot``; the dumps handled are remembered in ``pstore_state``."""
+        handled = load_handled(self._pstore_state)
+        new: list[str] = []
+        for path in dumps(self._pstore):
+            try:
+                key = dump_key(path)
+                if key in handled:
+                    continue
+                records = dump_records(path.read_text(errors="replace"))
+            except OSError as exc:
+                log.warning("kmsg: pstore dump %s unreadable: %s", path, exc)
+                continue
+            new.append(key)
+            for record in records:
+                found = classify_record(record, self.rules, self._scan, trust_user=False)
+                if found is None:
+                    continue
+                self._findings[found.kind] += 1
+                if found.severity in EVENT_SEVERITIES:
+                    self._queue.put_nowait(Report(found, previous_boot=True))
+        if new:
+            save_handled(self._pstore_state, [*handled, *new])
+
     async def _flush_storms(self) -> None:
         """Report each ended storm window's repeats (a quarter window late at most)."""
         while True:
@@ -167,6 +203,38 @@ class KmsgSource:
                 await self._emit(event)
             except Exception:  # the publisher spools; a bug here must not stop the log
                 log.exception("kmsg: publishing %s failed", event.kind)
+
+
+PSTORE_STATE = "kmsg.pstore.json"
+"""The pstore dumps already handled, in the agent's spool directory."""
+KEEP_HANDLED = 256
+
+
+def load_handled(path: Path | None) -> list[str]:
+    """The keys of the dumps handled before (none without a state file)."""
+    if path is None:
+        return []
+    try:
+        keys = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        log.warning("kmsg: %s unreadable (%s): reading the pstore dumps again", path, exc)
+        return []
+    return [str(k) for k in keys] if isinstance(keys, list) else []
+
+
+def save_handled(path: Path | None, keys: list[str]) -> None:
+    """Remember the handled dumps (the newest ``KEEP_HANDLED``), atomically."""
+    if path is None:
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(keys[-KEEP_HANDLED:]))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("kmsg: %s not written: %s", path, exc)
 
 
 def load_user_rules(path: str) -> list[Rule]:

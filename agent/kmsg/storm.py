@@ -33,6 +33,8 @@ class Report:
     """Records of its key it stands for (1: the first of a window)."""
     repeats: bool = False
     """The window's later records (count of them), reported when it ended."""
+    previous_boot: bool = False
+    """Read back from pstore after a reboot (docs/kmsg.md "Panics")."""
 
 
 @dataclass(slots=True)
