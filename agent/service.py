@@ -24,7 +24,7 @@ from nats.js import JetStreamContext
 
 from metalguard.agent.batch import CycleResult, build_batch
 from metalguard.agent.collection import Collection, UnknownCollectorError, resolve_enabled
-from metalguard.agent.collectors.gpu_xids import XID_LEDGER, XidLedger, boot_time
+from metalguard.agent.collectors.gpu_xids import XID_LEDGER, XidLedger, boot_time, gpu_index
 from metalguard.agent.collectors.rdma import NAME as RDMA_COLLECTOR
 from metalguard.agent.config import AgentConfig, ConfigError, load_config
 from metalguard.agent.events import detect_events
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.subjects import Subjects
-from metalguard.proto.telemetry import QosInterfaceStatus, RdmaPort, TelemetryBatch
+from metalguard.proto.telemetry import GpuDevice, QosInterfaceStatus, RdmaPort, TelemetryBatch
 from metalguard.runtime.deadlines import wait_event
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,8 @@ class AgentService:
         self._qos_reconciler: QosReconciler | None = None
         self._workload: WorkloadService | None = None
         self._kmsg: KmsgSource | None = None
+        self._gpus: tuple[GpuDevice, ...] = ()
+        """The gpu collector's last readings (a kernel-log XID's PCI address -> index)."""
 
     def _apply(self, config: AgentConfig) -> None:
         """Take a (new) config for collection; NATS settings need a restart."""
@@ -201,6 +203,7 @@ class AgentService:
                 for event in detect_events(previous, snapshot, new_id=_new_event_id):
                     await self._publisher.publish_event(event)
                 previous = snapshot
+                self._gpus = snapshot.gpu or self._gpus
                 if self._mono() >= next_batch:
                     next_batch = self._mono() + self.config.collect.interval_s
                     batch = build_batch(
@@ -339,6 +342,15 @@ class AgentService:
             tasks.append(self._guarded(watcher.run(self._emit_xid), "gpu-xid"))
         return tasks
 
+    def _kernel_xid(self, pci: str, xid: int, ts: float) -> None:
+        """An XID the kernel log names: into the XID ledger for the GPU at that address
+        (as NVML's gpu collector last read it; one report with NVML's own), and a GPU
+        reading in the next cycle. Without a reading of that GPU (NVML down) the event
+        alone carries it."""
+        index = gpu_index(pci, self._gpus)
+        if index is not None and self.xids.record(index, xid, ts, source="kmsg"):
+            self.expedite_gpu()
+
     def _oom_killed(self, pid: int, ts: float) -> None:
         """The kernel's OOM killer killed ``pid``: the workload runner's to know."""
         if self._workload is not None:
@@ -379,6 +391,7 @@ class AgentService:
             trust_user=section.trust_user_records,
             clock=self._wall,
             on_oom_kill=self._oom_killed,
+            on_xid=self._kernel_xid,
             pstore=tuple(Path(p) for p in section.pstore),
             pstore_state=Path(self.config.spool.dir) / PSTORE_STATE,
         )

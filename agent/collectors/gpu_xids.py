@@ -22,15 +22,19 @@ import logging
 import os
 import threading
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
+from metalguard.proto.telemetry import GpuDevice
 from metalguard.proto.xid import XidClass, classify
 
 STICKY_CLASSES: Final[frozenset[XidClass]] = frozenset({"reset_gpu", "decode", "reboot"})
 """Classes kept until the GPU is reset (or the node rebooted), whatever their age."""
 WINDOW_S: Final = 86_400.0
 KEEP: Final = 64
+SAME_REPORT_S: Final = 5.0
+"""Two reports of one XID on one GPU this close are one (NVML's and the kernel log's)."""
 XID_LEDGER: Final = "xids.json"
 """The ledger's file name in the agent's spool directory."""
 BOOT_SLACK_S: Final = 2.0
@@ -38,6 +42,25 @@ BOOT_SLACK_S: Final = 2.0
 the same boot."""
 
 log = logging.getLogger(__name__)
+
+
+def _entry(raw: list[object]) -> tuple[float, int, str]:
+    """One saved entry: ``[ts, xid, source]`` (a file of before sources: ``nvml``)."""
+    ts, xid = raw[0], raw[1]
+    if not isinstance(ts, int | float) or not isinstance(xid, int):
+        raise TypeError(f"entry {raw!r}")
+    return float(ts), xid, str(raw[2]) if len(raw) > 2 else "nvml"
+
+
+def gpu_index(pci: str, gpus: Iterable[GpuDevice]) -> int | None:
+    """The index of the GPU at PCI address ``pci`` as the kernel log writes it
+    (``0000:2b:00``, the function left out), among the gpu collector's last readings."""
+    want = pci.lower()
+    for gpu in gpus:
+        address = gpu.pci_address.lower()
+        if address and (address == want or address.rsplit(".", 1)[0] == want):
+            return gpu.index
+    return None
 
 
 def boot_time(procfs: Path = Path("/proc")) -> float | None:
@@ -66,16 +89,24 @@ class XidLedger:
         self.keep = keep
         self.path = path
         self.boot_ts = boot_ts
-        self._seen: dict[int, deque[tuple[float, int]]] = {}
+        self._seen: dict[int, deque[tuple[float, int, str]]] = {}
         self._lock = threading.Lock()
         if path is not None:
             self._load(path)
 
-    def record(self, index: int, xid: int, ts: float) -> None:
-        """One XID reported on GPU ``index`` at ``ts``."""
+    def record(self, index: int, xid: int, ts: float, source: str = "nvml") -> bool:
+        """One XID reported on GPU ``index`` at ``ts`` by ``source`` (``nvml``, ``kmsg``);
+        False (not recorded) when another source recorded the same XID of the same GPU
+        within ``SAME_REPORT_S``: NVML's event and the kernel log's line of one XID are
+        one report (repeats from one source all count: a storm of 92s)."""
         with self._lock:
-            self._seen.setdefault(index, deque(maxlen=self.keep)).append((ts, xid))
+            seen = self._seen.setdefault(index, deque(maxlen=self.keep))
+            if any(x == xid and src != source and abs(t - ts) <= SAME_REPORT_S
+                   for t, x, src in seen):  # fmt: skip
+                return False
+            seen.append((ts, xid, source))
             self._save()
+        return True
 
     def xids(self, index: int, now: float) -> tuple[int, ...]:
         """GPU ``index``'s XIDs, oldest first: the sticky ones since its last reset, the
@@ -83,7 +114,9 @@ class XidLedger:
         start = now - self.window_s
         with self._lock:
             seen = tuple(self._seen.get(index, ()))
-        return tuple(x for ts, x in seen if ts >= start or classify(x).xid_class in STICKY_CLASSES)
+        return tuple(
+            x for ts, x, _ in seen if ts >= start or classify(x).xid_class in STICKY_CLASSES
+        )
 
     def clear(self, index: int) -> int:
         """Forget GPU ``index``'s XIDs (it was reset); how many were forgotten."""
@@ -112,7 +145,13 @@ class XidLedger:
             return
         for key, entries in doc["gpus"].items():
             try:
-                seen = deque(((float(t), int(x)) for t, x in entries), maxlen=self.keep)
+                seen = deque(
+                    (
+                        (float(e[0]), int(e[1]), str(e[2]) if len(e) > 2 else "nvml")
+                        for e in entries
+                    ),
+                    maxlen=self.keep,
+                )
                 self._seen[int(key)] = seen
             except (TypeError, ValueError):
                 log.warning("XID ledger %s: GPU %r's entries unreadable: dropped", path, key)

@@ -94,12 +94,16 @@ class KmsgSource:
         monotonic: Callable[[], float] = time.monotonic,
         boot: str | None = None,
         on_oom_kill: Callable[[int, float], None] = lambda _pid, _ts: None,
+        on_xid: Callable[[str, int, float], None] = lambda _pci, _xid, _ts: None,
         pstore: tuple[Path, ...] = (),
         pstore_state: Path | None = None,
     ) -> None:
         """``on_oom_kill``: told each process the OOM killer killed (pid, time): the
         workload runner makes it the member's exit cause."""
         self._on_oom_kill = on_oom_kill
+        self._on_xid = on_xid
+        """Told each XID of the kernel log (PCI address, XID, time): the agent's XID
+        ledger takes it for the GPU's ``xid_errors``."""
         self._pstore = pstore
         self._pstore_state = pstore_state
         self._identity = identity
@@ -158,6 +162,8 @@ class KmsgSource:
             self._findings[found.kind] += 1
             if found.kind == "oom_kill" and found.pid is not None:
                 self._on_oom_kill(found.pid, self._clock())
+            if found.xid is not None and found.device:
+                self._on_xid(found.device, found.xid, self._clock())
             if found.severity in EVENT_SEVERITIES:
                 for report in self._storms.feed(found, now):
                     self._queue.put_nowait(report)

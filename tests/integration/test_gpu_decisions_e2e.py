@@ -193,3 +193,26 @@ async def test_xid_79_isolates_at_once_and_power_cycles_through_the_bmc(
             assert any(r.rule == "gpu_xid_reboot" for r in cycled.reasons)
         finally:
             await sub.unsubscribe()
+
+
+async def test_an_xid_only_the_kernel_log_names_is_graded_by_its_class(
+    tmp_path: Path, nats_url: str, nc: Client, subjects: Subjects
+) -> None:
+    """docs/kmsg.md: an XID line of the kernel log enters the GPU's ``xid_errors`` (its
+    PCI address -> the GPU NVML last read there): a reset-class XID makes the node
+    SUB_HEALTHY, reset when drained, as NVML's own report would."""
+    async with jobs_env(tmp_path, nats_url, nc, subjects, racks=1, nodes_per_rack=2) as env:
+        name = env.fleet.node_names[0]
+        handle = env.handle(name)
+        line = (
+            "NVRM: Xid (PCI:0000:10:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s "
+            "of waiting for RPC response from GPU0 GSP! Expected function 103 (GSP_RM_ALLOC)"
+        )
+        env.fleet.apply("kmsg", name, line=line)
+        await wait_until(lambda: bool(_for(env, "node.sub_healthy", handle)), 30, "sub_healthy")
+        (entered,) = _for(env, "node.sub_healthy", handle)
+        (why,) = [r for r in entered.reasons if r.signal == RESET_SIGNAL]
+        assert why.value == 0  # GPU 0 is the simulated GPU at 0000:10:00.0
+        assert "XID 119 (GSP RPC timeout)" in why.message
+        # no job on it: drained, its GPU reset, back in service
+        await wait_until(lambda: bool(_for(env, "node.returned", handle)), 30, "node.returned")

@@ -192,3 +192,22 @@ async def test_a_missing_nvidia_smi_and_bad_args_are_clear_errors(tmp_path: Path
     bad = await handler.handle(_reset("c2", ["gpu0"]))
     assert (bad.status, bad.result.get("cause")) == (CommandStatus.REJECTED, "bad_args")
     assert "'gpu0' is not a GPU index" in bad.message
+
+
+def test_one_xid_from_nvml_and_the_kernel_log_is_one_report() -> None:
+    from metalguard.agent.collectors.gpu_xids import gpu_index
+    from metalguard.proto.telemetry import GpuDevice
+
+    ledger = XidLedger()
+    assert ledger.record(2, 92, T0, "nvml")
+    assert not ledger.record(2, 92, T0 + 1.5, "kmsg")  # the same XID, the other source
+    assert ledger.record(2, 92, T0 + 2.0, "nvml")  # a repeat of one source counts
+    assert ledger.record(2, 92, T0 + 30, "kmsg")  # later: another report
+    assert ledger.xids(2, T0 + 31) == (92, 92, 92)
+    gpus = (
+        GpuDevice(index=0, pci_address="0000:18:00.0"),
+        GpuDevice(index=5, pci_address="0000:2B:00.0"),
+    )
+    assert gpu_index("0000:2b:00", gpus) == 5
+    assert gpu_index("0000:2b:00.0", gpus) == 5
+    assert gpu_index("0000:99:00", gpus) is None
