@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
+from metalguard.agent.statefile import write_json
 from metalguard.proto.telemetry import GpuDevice
 from metalguard.proto.xid import XidClass, classify
 
@@ -164,10 +164,4 @@ class XidLedger:
             "boot_ts": self.boot_ts,
             "gpus": {str(i): [list(e) for e in seen] for i, seen in self._seen.items() if seen},
         }
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            log.warning("XID ledger %s not written (%s): kept in memory", self.path, exc)
+        write_json(self.path, doc, "XID ledger")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Final
 
 from metalguard.agent.kmsg.record import KmsgFormatError, KmsgRecord, parse_record, split_records
+from metalguard.agent.statefile import write_json
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +60,7 @@ def load_cursor(path: Path) -> Cursor | None:
 
 def save_cursor(path: Path, cursor: Cursor) -> None:
     """Write the cursor atomically (a failure is logged: the next save tries again)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"boot_id": cursor.boot_id, "seq": cursor.seq}))
-        os.replace(tmp, path)
-    except OSError as exc:
-        log.warning("kmsg cursor %s not written: %s", path, exc)
+    write_json(path, {"boot_id": cursor.boot_id, "seq": cursor.seq}, "kmsg cursor")
 
 
 def boot_id(path: Path = BOOT_ID) -> str:

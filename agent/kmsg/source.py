@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 import uuid
 from collections import Counter
@@ -28,6 +27,7 @@ from metalguard.agent.kmsg.record import KmsgRecord
 from metalguard.agent.kmsg.rules import Rule, merged
 from metalguard.agent.kmsg.scan import ScanCounts, classify_record, load_rules_file
 from metalguard.agent.kmsg.storm import Coalescer, Report, suppressed_callbacks
+from metalguard.agent.statefile import write_json
 from metalguard.proto.base import AttrValue, NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.telemetry import KmsgCounts
@@ -232,15 +232,8 @@ def load_handled(path: Path | None) -> list[str]:
 
 def save_handled(path: Path | None, keys: list[str]) -> None:
     """Remember the handled dumps (the newest ``KEEP_HANDLED``), atomically."""
-    if path is None:
-        return
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(keys[-KEEP_HANDLED:]))
-        os.replace(tmp, path)
-    except OSError as exc:
-        log.warning("kmsg: %s not written: %s", path, exc)
+    if path is not None:
+        write_json(path, keys[-KEEP_HANDLED:], "kmsg pstore state")
 
 
 def load_user_rules(path: str) -> list[Rule]:

@@ -71,8 +71,8 @@ async def _read(path: Path, cursor: Path, until: int, boot: str = "b1") -> list[
     )  # fmt: skip
     task = asyncio.create_task(reader.run())
     try:
+        # what was written is read in one pass: the lists below hold exactly it
         await wait_until(lambda: len(got) >= until, 10, f"{until} records")
-        await asyncio.sleep(0.1)  # and nothing more
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
