@@ -180,6 +180,7 @@ async def test_a_restart_mid_stream_neither_repeats_nor_loses_and_a_burst_report
         batches.counts.clear()
         agent = AgentProcess(config)
         try:
+            await wait_until(lambda: bool(batches.counts), 60, "the agent's first batch")
             await wait_until(lambda: batches.hung() >= 3, 15, "the records written while down")
             settled = len(batches.counts)
             await wait_until(lambda: len(batches.counts) >= settled + 3, 10, "three more batches")
@@ -194,9 +195,9 @@ async def test_a_restart_mid_stream_neither_repeats_nor_loses_and_a_burst_report
         batches.counts.clear()
         agent = AgentProcess(config)
         try:
-            await wait_until(
-                lambda: bool(batches.counts) and batches.counts[-1].lost > 0, 20, "the loss"
-            )
+            # a deadline for the start (a loaded machine), then one for the count itself
+            await wait_until(lambda: bool(batches.counts), 60, "the agent's first batch")
+            await wait_until(lambda: batches.counts[-1].lost > 0, 10, "the loss")
         finally:
             assert agent.terminate() == 0, agent.stderr()
     finally:
