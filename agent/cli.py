@@ -49,6 +49,14 @@ def add_agent_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="classify records written from user space too (facility != 0)",
     )
     scan.add_argument("--format", choices=("json", "text"), default="json")
+    scan.add_argument(
+        "--input",
+        choices=("kmsg", "text"),
+        default="kmsg",
+        help="kmsg: records in /dev/kmsg's format (default); text: one message a line, as "
+        "dmesg (-r, -T, -x, --time-format iso), syslog or journalctl (-o short*, -o json) "
+        "write them",
+    )
     scan.set_defaults(func=_kmsg_scan)
     npd = kmsg_sub.add_parser(
         "import-npd", help="node-problem-detector's kernel-monitor.json as a rules file"
@@ -94,7 +102,11 @@ def _kmsg_scan(args: argparse.Namespace) -> int:
     from metalguard.agent.kmsg.scan import main_scan
 
     return main_scan(
-        args.file, args.rules, trust_user=args.trust_user_records, output_format=args.format
+        args.file,
+        args.rules,
+        trust_user=args.trust_user_records,
+        output_format=args.format,
+        input_format=args.input,
     )
 
 

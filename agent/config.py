@@ -115,6 +115,9 @@ class KmsgSection(_Section, frozen=True):
     pstore: tuple[str, ...] = ("/sys/fs/pstore", "/var/lib/systemd/pstore")
     """Where the previous boot's kernel log dumps are (a panic survives only there); each
     dump is read once (docs/kmsg.md "Panics")."""
+    journalctl: str = "journalctl"
+    """Reads the previous boot's kernel log from the journal, once a boot, for what the
+    agent did not see while that boot ran ("" : not read; docs/kmsg.md "Panics")."""
 
     def on(self, collect: CollectSection) -> bool:
         """Whether the agent runs the kernel log monitor under ``collect``."""

@@ -367,6 +367,7 @@ class AgentService:
         section = self.config.kmsg
         if not section.on(self.config.collect):
             return None
+        from metalguard.agent.kmsg.journal import JOURNAL_STATE
         from metalguard.agent.kmsg.rules import RulesError, merged
         from metalguard.agent.kmsg.source import (
             CURSOR,
@@ -380,6 +381,7 @@ class AgentService:
         except RulesError as exc:
             log.error("kmsg: %s; using the shipped rules only", exc)
             user = []
+        own_log = Path(section.path).is_char_device()
         source = KmsgSource(
             lambda: self.identity,
             self._emit,
@@ -392,8 +394,11 @@ class AgentService:
             clock=self._wall,
             on_oom_kill=self._oom_killed,
             on_xid=self._kernel_xid,
-            pstore=tuple(Path(p) for p in section.pstore),
+            # the previous boot is the machine's own: not read for a simulated node's log
+            pstore=tuple(Path(p) for p in section.pstore) if own_log else (),
             pstore_state=Path(self.config.spool.dir) / PSTORE_STATE,
+            journalctl=section.journalctl if own_log else "",
+            journal_state=Path(self.config.spool.dir) / JOURNAL_STATE,
         )
         try:
             source.reader.open()

@@ -44,13 +44,16 @@ class Cursor:
 
     boot_id: str
     seq: int
+    ts_us: int = 0
+    """The record's time since boot: where the previous boot's journal goes on from
+    (docs/kmsg.md "Panics")."""
 
 
 def load_cursor(path: Path) -> Cursor | None:
     """The saved cursor (None: none, or unreadable: logged)."""
     try:
         doc = json.loads(path.read_text())
-        return Cursor(str(doc["boot_id"]), int(doc["seq"]))
+        return Cursor(str(doc["boot_id"]), int(doc["seq"]), int(doc.get("ts_us", 0)))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -60,7 +63,8 @@ def load_cursor(path: Path) -> Cursor | None:
 
 def save_cursor(path: Path, cursor: Cursor) -> None:
     """Write the cursor atomically (a failure is logged: the next save tries again)."""
-    write_json(path, {"boot_id": cursor.boot_id, "seq": cursor.seq}, "kmsg cursor")
+    doc = {"boot_id": cursor.boot_id, "seq": cursor.seq, "ts_us": cursor.ts_us}
+    write_json(path, doc, "kmsg cursor")
 
 
 def boot_id(path: Path = BOOT_ID) -> str:
@@ -97,6 +101,7 @@ class Position:
         self.boot = boot
         self.last = cursor.seq if cursor is not None and boot and cursor.boot_id == boot else None
         self.since_us = since_us if self.last is None else None
+        self.last_ts_us = cursor.ts_us if cursor is not None and self.last is not None else 0
         self.counts = ReadCounts()
 
     def take(self, record: KmsgRecord) -> bool:
@@ -106,18 +111,18 @@ class Position:
                 return False  # handled before the restart, or a repeat
             if record.seq > self.last + 1:
                 self.counts.lost += record.seq - self.last - 1
-            self.last = record.seq
+            self.last, self.last_ts_us = record.seq, record.ts_us
             return True
         if self.since_us is not None and record.ts_us < self.since_us:
             self.counts.skipped_backfill += 1
             return False
-        self.last = record.seq
+        self.last, self.last_ts_us = record.seq, record.ts_us
         return True
 
     @property
     def cursor(self) -> Cursor | None:
         """Where a restart should go on from."""
-        return None if self.last is None else Cursor(self.boot, self.last)
+        return None if self.last is None else Cursor(self.boot, self.last, self.last_ts_us)
 
 
 OnRecords = Callable[[list[KmsgRecord]], None]
@@ -152,6 +157,8 @@ class KmsgReader:
         self._pending = ""
         self._saved_at = 0.0
         self._saved: Cursor | None = saved
+        self.saved_at_start = saved
+        """The cursor found at start: in another boot, where that boot's log was left."""
         self._done = asyncio.Event()
         self.reads = 0
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from metalguard.agent.kmsg.logline import parse_line
 from metalguard.agent.kmsg.record import KmsgFormatError, KmsgRecord, parse_record, split_records
 from metalguard.agent.kmsg.rules import (
     Finding,
@@ -49,14 +50,28 @@ def load_rules_file(path: Path) -> list[Rule]:
     return parse_rules(text, str(path))
 
 
+def text_records(data: str) -> Iterator[KmsgRecord]:
+    """The records of text in the formats of dmesg, syslog or the journal, one a line,
+    numbered from 1 by line."""
+    for number, line in enumerate(data.split("\n"), start=1):
+        record = parse_line(line, number)
+        if record is not None:
+            yield record
+
+
 def scan(
-    texts: Iterable[str], rules: Sequence[Rule], counts: ScanCounts, *, trust_user: bool = False
+    texts: Iterable[str | KmsgRecord],
+    rules: Sequence[Rule],
+    counts: ScanCounts,
+    *,
+    trust_user: bool = False,
 ) -> Iterator[Finding]:
-    """The findings of the records in ``texts`` (one record each, continuation lines
-    included), counting the malformed, the user-written and the ignored ones."""
+    """The findings of the records in ``texts`` (in /dev/kmsg's format, one record each,
+    continuation lines included, or records already parsed), counting the malformed, the
+    user-written and the ignored ones."""
     for raw in texts:
         try:
-            record = parse_record(raw)
+            record = raw if isinstance(raw, KmsgRecord) else parse_record(raw)
         except KmsgFormatError as exc:
             counts.malformed.append(str(exc))
             continue
@@ -94,6 +109,7 @@ def main_scan(
     *,
     trust_user: bool,
     output_format: str,
+    input_format: str = "kmsg",
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
@@ -110,13 +126,18 @@ def main_scan(
         print(f"metalguard: {file}: {exc}", file=err)
         return 2
     counts = ScanCounts()
-    for f in scan(split_records(data), merged(user), counts, trust_user=trust_user):
+    records = split_records(data) if input_format == "kmsg" else text_records(data)
+    for f in scan(records, merged(user), counts, trust_user=trust_user):
         line = json.dumps(f.to_json()) if output_format == "json" else format_text(f)
         print(line, file=out)
     for problem in counts.malformed[:20]:
         print(f"metalguard: malformed record: {problem}", file=err)
     if counts.malformed:
-        print(f"metalguard: {len(counts.malformed)} malformed record(s) skipped", file=err)
+        print(
+            f"metalguard: {len(counts.malformed)} malformed record(s) skipped "
+            "(lines of dmesg, syslog or the journal? --input text reads them)",
+            file=err,
+        )
     if counts.user_records:
         print(
             f"metalguard: {counts.user_records} record(s) written from user space ignored "

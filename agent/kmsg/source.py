@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from metalguard.agent.kmsg.journal import mark_done, read_done, read_previous_boot, unseen
 from metalguard.agent.kmsg.pstore import dump_key, dump_records, dumps
 from metalguard.agent.kmsg.reader import KmsgReader
 from metalguard.agent.kmsg.record import KmsgRecord
@@ -97,6 +98,8 @@ class KmsgSource:
         on_xid: Callable[[str, int, float], None] = lambda _pci, _xid, _ts: None,
         pstore: tuple[Path, ...] = (),
         pstore_state: Path | None = None,
+        journalctl: str = "",
+        journal_state: Path | None = None,
     ) -> None:
         """``on_oom_kill``: told each process the OOM killer killed (pid, time): the
         workload runner makes it the member's exit cause."""
@@ -106,6 +109,11 @@ class KmsgSource:
         ledger takes it for the GPU's ``xid_errors``."""
         self._pstore = pstore
         self._pstore_state = pstore_state
+        self._journalctl = journalctl
+        """The previous boot's journal is read with this ("" : not read)."""
+        self._journal_state = journal_state
+        self._previous_boot_texts: set[str] = set()
+        """What pstore reported of the previous boot: the journal does not again."""
         self._identity = identity
         self._emit = emit
         self.rules = tuple(rules) if rules is not None else merged([])
@@ -139,6 +147,7 @@ class KmsgSource:
     async def run(self) -> None:
         """Read, classify and publish until cancelled."""
         await asyncio.to_thread(self._read_pstore)
+        await self._read_journal()
         publisher = asyncio.create_task(self._publish(), name="kmsg-publish")
         flusher = asyncio.create_task(self._flush_storms(), name="kmsg-storms")
         try:
@@ -185,14 +194,38 @@ class KmsgSource:
                 continue
             new.append(key)
             for record in records:
-                found = classify_record(record, self.rules, self._scan, trust_user=False)
-                if found is None:
-                    continue
-                self._findings[found.kind] += 1
-                if found.severity in EVENT_SEVERITIES:
-                    self._queue.put_nowait(Report(found, previous_boot=True))
+                self._previous_boot(record)
         if new:
             save_handled(self._pstore_state, [*handled, *new])
+
+    async def _read_journal(self) -> None:
+        """The previous boot's kernel records in the journal that the agent did not handle
+        while that boot ran (once per boot): counted, and reported like pstore's."""
+        boot = self.reader.position.boot
+        if not self._journalctl or read_done(self._journal_state, boot):
+            return
+        previous = await read_previous_boot(self._journalctl)
+        if previous is not None:
+            saved = self.reader.saved_at_start
+            records = unseen(previous, saved if saved is None or saved.boot_id != boot else None)
+            for record in records:
+                if record.text not in self._previous_boot_texts:
+                    self._previous_boot(record)
+            log.info(
+                "kmsg: the previous boot's journal: %d kernel records not seen while it ran",
+                len(records),
+            )
+        mark_done(self._journal_state, boot)
+
+    def _previous_boot(self, record: KmsgRecord) -> None:
+        """One record of the previous boot: counted; warning or above, reported once."""
+        found = classify_record(record, self.rules, self._scan, trust_user=False)
+        if found is None:
+            return
+        self._previous_boot_texts.add(record.text)
+        self._findings[found.kind] += 1
+        if found.severity in EVENT_SEVERITIES:
+            self._queue.put_nowait(Report(found, previous_boot=True))
 
     async def _flush_storms(self) -> None:
         """Report each ended storm window's repeats (a quarter window late at most)."""

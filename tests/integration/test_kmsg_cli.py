@@ -94,3 +94,32 @@ def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "bad.toml: rule 1 (a): bad pattern" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+DMESG_AND_SYSLOG = (
+    "[  219.470994] NVRM: Xid (PCI:0000:2b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+    "[Sun Feb 23 16:24:18 2025] EXT4-fs (nvme0n1p2): Remounting filesystem read-only\n"
+    "\n"
+    "Dec  2 11:38:47 worker4 kernel: [  220.000001] INFO: task python3:4242 blocked for more than 120 seconds.\n"
+    "Dec  2 11:38:48 worker4 myapp[42]: INFO: task python3:4242 blocked for more than 120 seconds.\n"
+)
+
+
+def test_scan_reads_dmesg_and_syslog_lines_with_input_text() -> None:
+    done = _metalguard(
+        "agent", "kmsg", "scan", "--file", "-", "--input", "text", "--format", "json",
+        stdin=DMESG_AND_SYSLOG,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(f["seq"], f["ts"], f["kind"], f["xid"]) for f in found] == [
+        (1, 219.470994, "gpu_xid", 79),
+        (2, 0.0, "fs_readonly", None),
+        (4, 220.000001, "hung_task", None),
+    ]
+    assert "1 record(s) written from user space ignored" in done.stderr  # myapp's line
+    # the same lines read as /dev/kmsg records: refused, with the hint
+    plain = _metalguard("agent", "kmsg", "scan", "--file", "-", stdin=DMESG_AND_SYSLOG)
+    assert plain.returncode == 0
+    assert plain.stdout == ""
+    assert "--input text reads them" in plain.stderr

@@ -6,27 +6,11 @@ are not judged."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from metalguard.agent.kmsg.record import text_record
 from metalguard.agent.kmsg.rules import Finding, Ignored, match, shipped_rules
-
-FIXTURES = Path(__file__).parents[1] / "fixtures" / "kmsg"
-FILES = ("gpu", "memory", "pcie", "tasks", "oom", "storage", "nic")
-
-
-def cases() -> list[tuple[str, str, str]]:
-    out = []
-    for name in FILES:
-        for number, line in enumerate((FIXTURES / f"{name}.txt").read_text().splitlines(), 1):
-            if not line or line.startswith("#") or "\t=> " not in line:
-                continue
-            text, _, kind = line.partition("\t=> ")
-            out.append((f"{name}:{number}", text, kind.strip()))
-    return out
-
+from tests.support.kmsg_lines import FIXTURES, cases
 
 CASES = cases()
 

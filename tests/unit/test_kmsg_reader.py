@@ -25,7 +25,7 @@ def test_a_first_start_reads_back_the_window_only() -> None:
         True,
     ]
     assert (p.counts.skipped_backfill, p.counts.lost) == (2, 0)
-    assert p.cursor == Cursor("boot-a", 4)
+    assert p.cursor == Cursor("boot-a", 4, 80_000_000)  # with its time: the journal goes on there
 
 
 def test_the_same_boot_goes_on_after_the_cursor_and_counts_the_gap() -> None:
@@ -50,8 +50,10 @@ def test_a_new_boot_forgets_the_old_cursor() -> None:
 def test_the_cursor_file(tmp_path: Path) -> None:
     path = tmp_path / "spool" / "kmsg.cursor.json"
     assert load_cursor(path) is None
-    save_cursor(path, Cursor("b", 42))
-    assert load_cursor(path) == Cursor("b", 42)
+    save_cursor(path, Cursor("b", 42, 7))
+    assert load_cursor(path) == Cursor("b", 42, 7)
+    path.write_text('{"boot_id": "b", "seq": 42}')  # a cursor saved before the time was
+    assert load_cursor(path) == Cursor("b", 42, 0)
     path.write_text("{broken")
     assert load_cursor(path) is None
 
@@ -94,7 +96,7 @@ async def test_a_restart_neither_repeats_nor_loses_a_record(tmp_path: Path) -> N
     _append(log, "6,4,8000000,-;third", "6,7,9000000,-;after a gap")
     second = await _read(log, cursor, 2)
     assert [r.seq for r in second] == [4, 7]  # 1-3 not again
-    assert load_cursor(cursor) == Cursor("b1", 7)
+    assert load_cursor(cursor) == Cursor("b1", 7, 9_000_000)
 
 
 async def test_the_gap_is_counted_as_lost(tmp_path: Path) -> None:
