@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "kmsg"
-FILES = ("gpu", "memory", "pcie", "tasks", "oom", "storage", "nic")
+FILES = ("gpu", "memory", "pcie", "tasks", "oom", "storage", "nic", "more")
 
 
 def cases(files: tuple[str, ...] = FILES) -> list[tuple[str, str, str]]:
