@@ -386,6 +386,9 @@ class KmsgCounts(Record, frozen=True):
     """Kernel records read."""
     findings: dict[str, NonNegInt] = {}
     """Records classified, by kind (``hung_task``, ``gpu_xid``, ...)."""
+    critical: dict[str, NonNegInt] = {}
+    """Of those, the ones of severity critical, by kind (a fatal AER or SXid, an
+    uncorrected memory error: the controller keeps such a node FAILING for its window)."""
     lost: NonNegInt = 0
     """Records the ring buffer overwrote before they were read."""
     suppressed: NonNegInt = 0

@@ -25,7 +25,7 @@ from metalguard.agent.kmsg.journal import mark_done, read_done, read_previous_bo
 from metalguard.agent.kmsg.pstore import dump_key, dump_records, dumps
 from metalguard.agent.kmsg.reader import KmsgReader
 from metalguard.agent.kmsg.record import KmsgRecord
-from metalguard.agent.kmsg.rules import Rule, merged
+from metalguard.agent.kmsg.rules import Finding, Rule, merged
 from metalguard.agent.kmsg.scan import ScanCounts, classify_record, load_rules_file
 from metalguard.agent.kmsg.storm import Coalescer, Report, suppressed_callbacks
 from metalguard.agent.statefile import write_json
@@ -123,6 +123,7 @@ class KmsgSource:
         self._storms = Coalescer(storm_window_s)
         self._scan = ScanCounts()
         self._findings: Counter[str] = Counter()
+        self._critical: Counter[str] = Counter()
         self._kinds = tuple(dict.fromkeys(r.kind for r in self.rules if not r.ignore))
         """Every kind the rules give, counted from 0: a first finding is growth."""
         self._suppressed = 0
@@ -137,6 +138,7 @@ class KmsgSource:
         return KmsgCounts(
             records=self._scan.records,
             findings={**dict.fromkeys(self._kinds, 0), **self._findings},
+            critical={**dict.fromkeys(self._kinds, 0), **self._critical},
             lost=read.lost,
             suppressed=self._suppressed,
             user_records=self._scan.user_records,
@@ -168,7 +170,7 @@ class KmsgSource:
             found = classify_record(record, self.rules, self._scan, trust_user=self._trust_user)
             if found is None:
                 continue
-            self._findings[found.kind] += 1
+            self._count(found)
             if found.kind == "oom_kill" and found.pid is not None:
                 self._on_oom_kill(found.pid, self._clock())
             if found.xid is not None and found.device:
@@ -176,6 +178,11 @@ class KmsgSource:
             if found.severity in EVENT_SEVERITIES:
                 for report in self._storms.feed(found, now):
                     self._queue.put_nowait(report)
+
+    def _count(self, found: Finding) -> None:
+        self._findings[found.kind] += 1
+        if found.severity == "critical":
+            self._critical[found.kind] += 1
 
     def _read_pstore(self) -> None:
         """The previous boot's dumps not handled yet (a panic's records survive only
@@ -223,7 +230,7 @@ class KmsgSource:
         if found is None:
             return
         self._previous_boot_texts.add(record.text)
-        self._findings[found.kind] += 1
+        self._count(found)
         if found.severity in EVENT_SEVERITIES:
             self._queue.put_nowait(Report(found, previous_boot=True))
 

@@ -50,6 +50,7 @@ from metalguard.controller.api.sse import (
 from metalguard.controller.broker.server import NatsServer
 from metalguard.controller.core.congestion import CongestionView
 from metalguard.controller.core.lifecycle import OperatorAction
+from metalguard.controller.core.lifecycle_model import LifecycleConfig
 from metalguard.controller.core.scoring.signals import NodeSignals
 from metalguard.controller.federation.service import Federation
 from metalguard.controller.federation.view import busy_nodes, job_counts
@@ -478,11 +479,17 @@ def _instance_rows(
 
 
 async def _start_region(
-    nc: Client, js: JetStreamContext, subjects: Subjects, name: str, cleanup: list[Any]
+    nc: Client,
+    js: JetStreamContext,
+    subjects: Subjects,
+    name: str,
+    cleanup: list[Any],
+    lifecycle: LifecycleConfig | None = None,
 ) -> DemoRegion:
     """A region's controller, ingest (its own region's subjects), job manager and
     federation (summaries every :data:`FEDERATION_INTERVAL_S`)."""
-    controller = RegionController(js, await NodeStore.open(js, subjects), subjects, name)
+    store = await NodeStore.open(js, subjects)
+    controller = RegionController(js, store, subjects, name, lifecycle)
     await controller.start(silence_interval_s=1.0)
     cleanup.append(controller.stop)
     ingest = start_ingest(js, subjects, name, controller)
@@ -556,9 +563,14 @@ async def run_demo(options: DemoOptions) -> int:
         cleanup.append(sub.unsubscribe)
 
         regions: list[DemoRegion] = []
+        lifecycle = None
+        if scenario is not None and scenario.rail_max_fraction is not None:
+            lifecycle = LifecycleConfig(rail_max_fraction=scenario.rail_max_fraction)
+            share = f"{scenario.rail_max_fraction:.0%}"
+            _say(f"safety rail: {share} of a cluster an hour (the scenario's)")
         for name in names:
             _say(f"starting the controller of region {name} (ingest, jobs, federation)")
-            regions.append(await _start_region(nc, js, subjects, name, cleanup))
+            regions.append(await _start_region(nc, js, subjects, name, cleanup, lifecycle))
         view = AllRegions({r.name: r.controller for r in regions})
         outcome.view, outcome.regions = view, regions
         first = regions[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "kmsg"
-FILES = ("gpu", "memory", "pcie", "tasks", "oom", "storage", "nic", "more")
+FILES = ("gpu", "memory", "pcie", "tasks", "oom", "storage", "nic", "more", "more2")
 
 
 def cases(files: tuple[str, ...] = FILES) -> list[tuple[str, str, str]]:

@@ -288,10 +288,16 @@ RDMA_CASES: list[tuple[str, list[Step], str, Severity | None]] = [
 """(id, steps, rule, severity or None), in the form of test_scoring.py's ``Case``."""
 
 
-def kmsg(**findings: int) -> KmsgCounts:
-    """The kernel log monitor's counts: every kind at 0 but these."""
+def kmsg(critical: dict[str, int] | None = None, **findings: int) -> KmsgCounts:
+    """The kernel log monitor's counts: every kind at 0 but these (``critical``: how many
+    of them were critical)."""
     zero = dict.fromkeys(("fs_readonly", "hung_task", "io_error", "oom_kill", "segfault"), 0)
-    return KmsgCounts(records=sum(findings.values()), findings=zero | findings)
+    zero_critical = dict.fromkeys(("memory_uncorrected", "pcie_aer"), 0)
+    return KmsgCounts(
+        records=sum(findings.values()),
+        findings=zero | findings,
+        critical=zero_critical | (critical or {}),
+    )
 
 
 def kmsg_steps(before: KmsgCounts, after: KmsgCounts, after_s: float = 30.0) -> list[Step]:
@@ -306,6 +312,24 @@ KMSG_CASES: list[tuple[str, list[Step], str, Severity | None]] = [
     ("kmsg quiet", kmsg_steps(kmsg(hung_task=2), kmsg(hung_task=2)), "kmsg_severe", None),
     ("kmsg OOM kill is the job's", kmsg_steps(kmsg(), kmsg(oom_kill=3)), "kmsg_warning", None),
     ("kmsg no fatal kind", kmsg_steps(kmsg(), kmsg(segfault=4)), "kmsg_fatal", None),
+    (
+        "kmsg critical uncorrected memory error",
+        kmsg_steps(kmsg(), kmsg({"memory_uncorrected": 1}, memory_uncorrected=1)),
+        "kmsg_fatal",
+        "fatal",
+    ),
+    (
+        "kmsg fatal AER",
+        kmsg_steps(kmsg(pcie_aer=5), kmsg({"pcie_aer": 1}, pcie_aer=6)),
+        "kmsg_fatal",
+        "fatal",
+    ),
+    (
+        "kmsg corrected AERs are not fatal",
+        kmsg_steps(kmsg(pcie_aer=5), kmsg(pcie_aer=50)),
+        "kmsg_fatal",
+        None,
+    ),
     (
         "kmsg an hour later",
         [*kmsg_steps(kmsg(), kmsg(hung_task=1), 30.0), (3700.0, {"kmsg": kmsg(hung_task=1)})],

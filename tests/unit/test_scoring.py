@@ -394,3 +394,16 @@ def test_reason_fields(
     (reason,) = by_rule(assessment, rule)
     assert (reason.signal, reason.value, reason.threshold) == (signal, value, threshold)
     assert reason.message == message
+
+
+def test_every_kernel_log_kind_an_event_isolates_is_kept_fatal_by_the_batches() -> None:
+    """A critical ``kmsg_<kind>`` event isolates at once (decide.is_fatal_event); the
+    batch's counts must then keep the node FAILING for the window, or it would come back
+    after three clean assessments with its uncorrected memory error."""
+    from metalguard.controller.core.decide import FATAL_WHEN_CRITICAL_KINDS
+    from metalguard.controller.core.rules.kmsg import CRITICAL_FATAL_KINDS, FATAL_KINDS
+
+    isolating = {
+        k.removeprefix("kmsg_") for k in FATAL_WHEN_CRITICAL_KINDS if k.startswith("kmsg_")
+    }
+    assert isolating == set(FATAL_KINDS) | set(CRITICAL_FATAL_KINDS)

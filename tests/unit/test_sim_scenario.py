@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from metalguard.controller.core.lifecycle_model import LifecycleConfig
+from metalguard.controller.core.rail import rail_limit
 from metalguard.demo.sim.faults import KNOWN_KINDS
 from metalguard.demo.sim.fleet import SimFleet, fleet_names, node_name
 from metalguard.demo.sim.scenario import (
@@ -52,6 +55,24 @@ def test_default_scenario_covers_every_kind_on_the_default_fleet() -> None:
     default_fleet = fleet_names(1, 1, 4, 8) + fleet_names(2, 1, 4, 8)  # two regions
     assert unknown_nodes(scenario, default_fleet) == []
     assert all(f.expect for f in scenario.fault)  # every fault says what it should do
+
+
+def test_the_default_scenarios_isolations_fit_under_its_safety_rail() -> None:
+    """More FAILING faults in a cluster than its rail allows would leave the extra nodes
+    in service (rail_flagged), never FAILING: the report would judge them wrong."""
+    scenario = load_scenario(DEFAULT)
+    assert scenario.rail_max_fraction is not None
+    limit = rail_limit(32, LifecycleConfig(rail_max_fraction=scenario.rail_max_fraction))
+    failing = Counter(f.node[:4] for f in scenario.fault if f.expect == "FAILING")  # r1c1
+    assert failing, "the scenario isolates nothing"
+    assert max(failing.values()) <= limit, (failing, limit)
+    kmsg_failing = [f for f in scenario.fault if f.kind == "kmsg" and f.expect == "FAILING"]
+    assert len(kmsg_failing) >= 3  # the kernel log's isolating families (docs/demo.md)
+
+
+def test_a_rail_outside_0_to_1_is_refused() -> None:
+    with pytest.raises(ScenarioError, match="rail_max_fraction"):
+        parse_scenario("rail_max_fraction = 1.5\n", "s.toml")
 
 
 def test_unknown_kind_lists_the_known_ones() -> None:

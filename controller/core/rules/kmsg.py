@@ -28,6 +28,9 @@ from metalguard.controller.core.scoring.config import WindowThresholdRule
 from metalguard.proto.telemetry import TelemetryBatch
 
 FATAL_KINDS: Final = ("fs_readonly", "nvme_down", "gpu_fallen_off_bus", "kernel_panic")
+CRITICAL_FATAL_KINDS: Final = ("gpu_sxid", "memory_uncorrected", "pcie_aer", "pcie_link_down")
+"""Fatal when the agent rated them critical (a fatal SXid or AER; the shipped rules rate
+every uncorrected memory error and link down so): counted in ``KmsgCounts.critical``."""
 SEVERE_KINDS: Final = ("hung_task", "soft_lockup", "hard_lockup", "rcu_stall")
 WARNING_KINDS: Final = ("io_error", "fs_error", "nvme_timeout", "nic_fault", "pcie_link_down")
 
@@ -40,6 +43,8 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
         return
     for kind, n in counts.findings.items():
         yield _key(kind), n
+    for kind, n in counts.critical.items():
+        yield _critical_key(kind), n
     yield "kmsg.lost", counts.lost
 
 
@@ -47,8 +52,10 @@ def counters(batch: TelemetryBatch) -> Iterator[tuple[str, int]]:
 @configured
 def kmsg_fatal(ctx: Context, rule: WindowThresholdRule) -> Iterator[Finding]:
     """A file system remounted read-only, an NVMe controller down, a GPU off the bus, a
-    kernel panic: fatal."""
+    kernel panic; a critical fatal SXid or AER, uncorrected memory error, PCIe link down:
+    fatal (for the window: the node the event isolated stays out)."""
     yield from _grown(ctx, rule, "kmsg_fatal", FATAL_KINDS)
+    yield from _grown(ctx, rule, "kmsg_fatal", CRITICAL_FATAL_KINDS, critical=True)
 
 
 @growth_only
@@ -69,26 +76,41 @@ RULES = (kmsg_fatal, kmsg_severe, kmsg_warning)
 
 
 def _grown(
-    ctx: Context, rule: WindowThresholdRule, name: str, kinds: tuple[str, ...]
+    ctx: Context,
+    rule: WindowThresholdRule,
+    name: str,
+    kinds: tuple[str, ...],
+    *,
+    critical: bool = False,
 ) -> Iterator[Finding]:
     counts = ctx.batch.kmsg
     if counts is None:
         return
     for kind in kinds:
-        if kind not in counts.findings:
+        if kind not in (counts.critical if critical else counts.findings):
             continue
-        grown = ctx.signals.increase(_key(kind), rule.window_s, ctx.now)
+        key = _critical_key(kind) if critical else _key(kind)
+        grown = ctx.signals.increase(key, rule.window_s, ctx.now)
         if grown > 0 and grown >= rule.threshold:
             yield flagged(
                 name,
                 rule,
-                signal=f"kmsg.{kind}",
+                signal=key,
                 value=grown,
                 threshold=rule.threshold,
-                message=f"kernel log: {plural(grown, kind.replace('_', ' '))} "
+                message=f"kernel log: {plural(grown, _said(kind, critical=critical))} "
                 f"in the last {rule.window_s:g} s",
             )
 
 
 def _key(kind: str) -> str:
     return f"kmsg.{kind}"
+
+
+def _critical_key(kind: str) -> str:
+    return f"kmsg.critical.{kind}"
+
+
+def _said(kind: str, *, critical: bool) -> str:
+    said = kind.replace("_", " ")
+    return f"critical {said}" if critical else said

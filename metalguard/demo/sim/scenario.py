@@ -120,6 +120,10 @@ class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     """A whole scenario file."""
 
     description: str = ""
+    rail_max_fraction: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    """The safety rail of the demo's controllers (docs/lifecycle.md): the share of a
+    cluster automatic isolation may take an hour. None: the controller's default (10 %).
+    A scenario packs hours of faults into a minute and may widen it to show them all."""
     fault: tuple[Fault, ...] = ()
     job: tuple[ScenarioJob, ...] = ()
     provision: tuple[ScenarioProvision, ...] = ()
