@@ -44,7 +44,9 @@ def build_batch(
     """The batch of one cycle (``qos``: the QoS reconciler's last verdicts; ``topology``:
     the node's ``[node]`` place and capacity; ``kmsg``: the kernel log monitor's counts)."""
     readings: dict[str, Any] = {str(k): v for k, v in cycle.readings.items()}
+    postures = readings.pop("iommu", ())  # one posture per node, not a list
     return TelemetryBatch(
+        iommu=postures[-1] if postures else None,
         node=node,
         seq=seq,
         ts=ts,

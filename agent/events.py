@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 from metalguard.proto.base import AttrValue
 from metalguard.proto.events import NodeEvent
+from metalguard.proto.iommu import IommuPosture
 from metalguard.proto.telemetry import (
     EdacController,
     GpuDevice,
@@ -19,6 +20,10 @@ from metalguard.proto.telemetry import (
     SmartDevice,
     TelemetryBatch,
 )
+
+SEVERITIES = {"iommu_posture": "warning"}
+"""Kinds whose events are not critical (a posture change is for the scheduler and an
+operator, not a fault of the node)."""
 
 
 def detect_events(
@@ -37,6 +42,7 @@ def detect_events(
     found += _links(previous.pcie if previous else (), current.pcie)
     found += _smart(previous.smart if previous else (), current.smart)
     found += _gpu(previous.gpu if previous else None, current.gpu)
+    found += _iommu(previous.iommu if previous else None, current.iommu)
     return [
         NodeEvent(
             node=current.node,
@@ -47,9 +53,27 @@ def detect_events(
             device=device,
             message=message,
             attributes=attrs,
+            severity=SEVERITIES.get(kind, "critical"),
         )
         for i, (kind, source, device, message, attrs) in enumerate(found)
     ]
+
+
+def _iommu(
+    before: IommuPosture | None, after: IommuPosture | None
+) -> Iterator[tuple[str, str, str, str, dict[str, AttrValue]]]:
+    """``iommu_posture`` when the DMA isolation posture changes (not at the first reading:
+    the batch carries it; docs/security.md "DMA isolation")."""
+    if before is None or after is None or before.posture == after.posture:
+        return
+    why = "; ".join(after.reasons) or "every GPU and NIC isolated"
+    yield (
+        "iommu_posture",
+        "iommu",
+        "",
+        f"DMA isolation {before.posture} -> {after.posture}: {why}"[:1000],
+        {"from": before.posture, "to": after.posture, "mode": after.mode},
+    )
 
 
 def _grew(before: int | None, after: int | None) -> int:

@@ -82,6 +82,12 @@ class NodeRecord(Message, frozen=True, tag="node_record"):
     fatal event) is no clean cycle."""
     history: tuple[GradeChange, ...] = ()
     """The most recent grade changes, oldest first (bounded)."""
+    dma_posture: str = ""
+    """The node's DMA isolation posture as its agent last reported it (``isolated``,
+    ``shared``, ``off``, ``unknown``; "" not reported): a sensitive job or instance goes
+    only where it is ``isolated`` (docs/security.md "DMA isolation")."""
+    dma_reasons: tuple[str, ...] = ()
+    """Why it is not ``isolated`` (the agent's reasons)."""
     updated_ts: float = 0.0
 
 

@@ -83,6 +83,8 @@ class InstanceRequest(Message, frozen=True, tag="instance_request"):
     instance_id: str = ""
     user_data: str = ""
     """A script the image runs once booted (like cloud-init's user data)."""
+    sensitive: bool = False
+    """Only on a node whose DMA isolation posture is ``isolated`` (docs/security.md)."""
 
 
 class Instance(Message, frozen=True, tag="instance"):
@@ -100,6 +102,8 @@ class Instance(Message, frozen=True, tag="instance"):
     """Deploys tried (a deploy that timed out is retried on another node)."""
     pinned: bool = False
     """The request named the node: a deploy that fails is not retried on another one."""
+    sensitive: bool = False
+    """Deployed, retried and replaced only on DMA-isolated nodes (docs/security.md)."""
     keep_volume: bool = True
     """What its release does with the volume: keep it for the tenant, or delete it."""
     ready_ts: float | None = None

@@ -11,6 +11,7 @@ from typing import Final
 import msgspec
 
 from metalguard.proto.base import Message, NodeIdentity, NonNegInt, Record
+from metalguard.proto.iommu import IommuPosture
 from metalguard.proto.topology import NodeTopology
 
 NVME_CRITICAL_WARNING_BITS: Final[dict[int, str]] = {
@@ -436,3 +437,6 @@ class TelemetryBatch(Message, frozen=True, tag="telemetry_batch"):
     """Every dataset cache configured on the node (``[[cache.datasets]]``, docs/cache.md)."""
     kmsg: KmsgCounts | None = None
     """The kernel log monitor's counts (None: it does not run on the node)."""
+    iommu: IommuPosture | None = None
+    """The node's DMA isolation posture (the ``iommu`` collector; None: not collected;
+    docs/security.md "DMA isolation")."""

@@ -14,6 +14,7 @@ def load_builtin() -> None:
         edac,
         gpu,
         hwmon,
+        iommu,
         netdev,
         pcie,
         rdma,

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BatchField = Literal["edac", "pcie", "hwmon", "smart", "bmc", "gpu", "net", "rdma", "cache"]
+BatchField = Literal[
+    "edac", "pcie", "hwmon", "smart", "bmc", "gpu", "net", "rdma", "cache", "iommu"
+]
 """The TelemetryBatch field a collector fills."""
 
 Clock = Callable[[], float]

@@ -439,6 +439,7 @@ def instance_answer(instance: Instance) -> dict[str, Any]:
         node=instance.node,
         attempts=instance.attempts,
         pinned=instance.pinned,
+        sensitive=instance.sensitive,
         keep_volume=instance.keep_volume,
         ready_ts=instance.ready_ts,
         ready_report=dict(instance.ready_report),

@@ -343,6 +343,8 @@ class InstanceAnswer(Shape, frozen=True):
     node: str
     attempts: int
     pinned: bool
+    sensitive: bool
+    """Only on DMA-isolated nodes (docs/security.md "DMA isolation")."""
     """The request named the node: a failed deploy is not retried on another one."""
     keep_volume: bool
     """What its release does with the volume (kept for the tenant, or deleted)."""

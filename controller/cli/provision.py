@@ -120,6 +120,11 @@ def _instances(what: Sub, common: argparse.ArgumentParser) -> None:
     create.add_argument("--volume", default="", help="boot this existing volume of the tenant")
     create.add_argument("--id", dest="instance_id", default="", help="the instance's id")
     create.add_argument("--user-data", type=Path, help="a script the image runs once booted")
+    create.add_argument(
+        "--sensitive",
+        action="store_true",
+        help="only on a node whose DMA isolation is 'isolated' (docs/security.md)",
+    )
     create.set_defaults(func=guarded(_instances_create))
 
     show = act.add_parser("show", parents=[common], help="one instance with its history")
@@ -282,6 +287,8 @@ def _instances_create(args: argparse.Namespace) -> int:
             doc[key] = getattr(args, key)
     if args.user_data is not None:
         doc["user_data"] = _read_text(args.user_data)
+    if args.sensitive:
+        doc["sensitive"] = True
     api = _api(args)
     body = api.post("/v1/instances", doc)
     return _done(args, api, body, "create")

@@ -123,6 +123,8 @@ def batch_input(
         grade=grade,
         fatal=assessment.fatal,
         reasons=assessment.reasons,
+        dma_posture=batch.iommu.posture if batch.iommu is not None else None,
+        dma_reasons=batch.iommu.reasons if batch.iommu is not None else (),
     )
     return NodeInput(batch.node, obs, f"b{batch.seq}@{_ms(batch.ts)}", rack)
 
@@ -183,6 +185,8 @@ def steady(record: NodeRecord | None, item: NodeInput) -> NodeRecord | None:
         or obs.score != record.score
         or obs.reasons != record.reasons
         or (item.rack is not None and item.rack != record.rack)
+        or (obs.dma_posture is not None and obs.dma_posture != record.dma_posture)
+        or (obs.dma_posture is not None and obs.dma_reasons != record.dma_reasons)
     ):
         return None
     return _seen(record, obs.ts, obs.sent_ts, obs.seq, obs.interval_s)
@@ -205,6 +209,7 @@ def steady_batch(
         or batch.seq <= record.last_seq
         or assessment.score != record.score
         or (rack is not None and rack != record.rack)
+        or _dma_changed(record, batch)
     ):
         return None
     findings = assessment.findings
@@ -214,6 +219,15 @@ def steady_batch(
     ):
         return None
     return _seen(record, received_ts, batch.ts, batch.seq, batch.interval_s)
+
+
+def _dma_changed(record: NodeRecord, batch: TelemetryBatch) -> bool:
+    """Whether the batch reports another DMA isolation posture (or reasons) than the
+    record holds: a round takes it in."""
+    posture = batch.iommu
+    return posture is not None and (
+        posture.posture != record.dma_posture or posture.reasons != record.dma_reasons
+    )
 
 
 def batch_step(

@@ -246,6 +246,8 @@ def _absorb(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> NodeR
         isolations=recent_isolations(record.isolations, obs.ts, cfg),
         unreachable_from=None,
         updated_ts=obs.ts,
+        dma_posture=record.dma_posture if obs.dma_posture is None else obs.dma_posture,
+        dma_reasons=record.dma_reasons if obs.dma_posture is None else obs.dma_reasons,
     )
 
 

@@ -94,6 +94,9 @@ class Observation:
     """Jobs placed on the node, when the caller knows (None: unchanged)."""
     sent_ts: float | None = None
     """The batch's own ``ts``; a newer one with a lower ``seq`` means the agent reset it."""
+    dma_posture: str | None = None
+    """The DMA isolation posture the batch reports (None: none, the record's stays)."""
+    dma_reasons: tuple[str, ...] = ()
 
     @property
     def deserved(self) -> AssessedGrade:

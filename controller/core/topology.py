@@ -116,6 +116,7 @@ def fleet_node(
         cordoned=record.cordoned or record.held,
         rail_flagged=record.rail_flagged,
         warm_datasets=warm,
+        dma_posture=record.dma_posture,
         **place,
     )
 

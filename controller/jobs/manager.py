@@ -37,7 +37,7 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
 from metalguard.controller.core.decide import changed_counts
-from metalguard.controller.jobs import blame, machine
+from metalguard.controller.jobs import blame, dma_watch, machine
 from metalguard.controller.jobs.machine import Emit, Send, Step, Timings, World
 from metalguard.controller.jobs.scheduler import (
     FleetNode,
@@ -128,6 +128,8 @@ class JobManager:
         self._report_suspects = report_suspects
         """Takes the nodes newly blamed for other jobs' failures and when their suspicion
         ends (the region controller's ``report_suspects``)."""
+        self._isolation_said: set[str] = set()
+        """The ``node.isolation_lost`` announcements made (their event ids)."""
         self._failures: list[blame.Failure] = []
         """Failed generations blamed on nodes, within the blame window (in memory: a
         restarted controller starts counting again)."""
@@ -302,6 +304,44 @@ class JobManager:
             self._forget_replies()
             await self._report(records)
             await self._blame(records)
+            await self._watch_isolation(records)
+
+    async def _watch_isolation(self, records: Mapping[str, NodeRecord]) -> None:
+        """Announce ``node.isolation_lost`` for each node of a running sensitive job whose
+        DMA isolation posture dropped (docs/security.md "DMA isolation"); the job runs on:
+        an operator decides. Once per job, node, generation and posture (in memory; a
+        restarted manager's repeat carries the same event id, which the stream drops)."""
+        found = [
+            lost
+            for lost in dma_watch.lost_isolation(self._live.values(), records)
+            if lost.event_id not in self._isolation_said
+        ]
+        now = self._clock()
+        for lost in found:
+            record = records[lost.handle]
+            why = "; ".join(lost.reasons) or "no reason given"
+            event = ControllerEvent(
+                event_id=lost.event_id,
+                ts=now,
+                region=self.region,
+                kind=dma_watch.ISOLATION_LOST,
+                node=record.node,
+                job_id=lost.job_id,
+                message=f"DMA isolation {lost.posture} on a node of sensitive job "
+                f"{lost.job_id}: {why}; the job runs on (an operator decides)",
+                attributes={"posture": lost.posture, "generation": lost.generation},
+            )
+            try:
+                await self._js.publish(
+                    self._subjects.control(self.region, event.kind),
+                    encode(event),
+                    headers={"Nats-Msg-Id": event.event_id},
+                )
+            except NatsError as exc:  # the next pass announces it
+                log.warning("node.isolation_lost for %s not published: %s", lost.handle, exc)
+                continue
+            self._isolation_said.add(lost.event_id)
+            log.warning("%s", event.message)
 
     async def _blame(self, records: Mapping[str, NodeRecord]) -> None:
         """Hand the region controller the nodes newly blamed by ``blame_min_jobs`` jobs'

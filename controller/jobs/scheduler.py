@@ -17,7 +17,8 @@ Rules (docs/scheduler.md):
   the fewest eligible nodes (best fit), inside it the nodes left with the least free
   capacity, leaves filled in order;
 - a sensitive tenant never shares a leaf switch with another tenant, and no tenant
-  joins a leaf where another tenant's sensitive job runs;
+  joins a leaf where another tenant's sensitive job runs; a sensitive job goes only on
+  nodes whose DMA isolation posture is ``isolated`` (docs/security.md);
 - a job naming a ``dataset``: among the groups of the chosen level that are equally
   good (as many eligible nodes), the one with the most nodes where the dataset is warm;
   inside the group, warm nodes before the others.  Only a tie-breaker: it never changes
@@ -87,6 +88,14 @@ class FleetNode(NodeTopology, frozen=True, kw_only=True):
     """Kept in service by the safety rail instead of isolated: runs its jobs, takes none."""
     warm_datasets: frozenset[str] = frozenset()
     """The datasets whose node-local cache is warm here (``controller.core.warm``)."""
+    dma_posture: str = ""
+    """Its DMA isolation posture (``proto.iommu``; "" not reported): a sensitive job
+    goes only where it is ``isolated`` (docs/security.md "DMA isolation")."""
+
+    @property
+    def dma_isolated(self) -> bool:
+        """Whether a sensitive tenant's devices may be passed through here."""
+        return self.dma_posture == "isolated"
 
     @property
     def schedulable(self) -> bool:
@@ -217,13 +226,14 @@ def request_from_job(job: Job, exclude: Iterable[str] = ()) -> JobRequest:
 
 # --- the index --------------------------------------------------------------------
 
-Shape = tuple[str, int, int, int, int, bool]
-"""(gpu_type, bandwidth_tier, free gpus, free cpu, free memory, idle)."""
+Shape = tuple[str, int, int, int, int, bool, bool]
+"""(gpu_type, bandwidth_tier, free gpus, free cpu, free memory, idle, DMA-isolated)."""
 _K = TypeVar("_K")
 
-Kind = tuple[str, int, int, int, int, str, bool, frozenset[str]]
+Kind = tuple[str, int, int, int, int, str, bool, frozenset[str], bool]
 """What a request's fit depends on besides its size, spread and exclusions: (gpu_type,
-bandwidth tier, gpus, cpu, memory, tenant, sensitive, allowed regions)."""
+bandwidth tier, gpus, cpu, memory, tenant, sensitive where tenants count, allowed
+regions, sensitive: only DMA-isolated nodes)."""
 _ALL_REGIONS: frozenset[str] = frozenset()
 
 
@@ -240,6 +250,7 @@ def _kind(req: JobRequest, tenants: bool = True) -> Kind:
         req.tenant if tenants else "",
         req.sensitive and tenants,
         regions,
+        req.sensitive,
     )
 
 
@@ -330,8 +341,10 @@ def _count(counter: Counter[_K], key: _K, sign: int) -> None:
 
 
 def _fits(shape: Shape, req: JobRequest) -> bool:
-    gpu_type, tier, gpus, cpu, mem, idle = shape
+    gpu_type, tier, gpus, cpu, mem, idle, isolated = shape
     if req.gpu_type and gpu_type != req.gpu_type:
+        return False
+    if req.sensitive and not isolated:
         return False
     if tier < req.bandwidth_tier:
         return False
@@ -414,9 +427,10 @@ class FleetIndex:
                 node.cpu_cores,
                 node.memory_gb,
                 True,
+                node.dma_isolated,
             )
         if used[4]:  # held whole: nothing else may join
-            return (node.gpu_type, node.bandwidth_tier, -1, -1, -1, False)
+            return (node.gpu_type, node.bandwidth_tier, -1, -1, -1, False, node.dma_isolated)
         return (
             node.gpu_type,
             node.bandwidth_tier,
@@ -424,6 +438,7 @@ class FleetIndex:
             node.cpu_cores - used[1],
             node.memory_gb - used[2],
             used[3] == 0,
+            node.dma_isolated,
         )
 
     def _take(self, req: JobRequest, placement: Sequence[str], sign: int = 1) -> None:

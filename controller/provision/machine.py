@@ -141,6 +141,7 @@ def new_instance(
         user_data=req.user_data,
         attempts=1,
         pinned=bool(req.node),
+        sensitive=req.sensitive,
         created_ts=now,
         updated_ts=now,
         export=export,
@@ -361,11 +362,14 @@ def why_not_deployable(
     *,
     held: bool = False,
     rail_flagged: bool = False,
+    sensitive: bool = False,
+    dma_posture: str = "",
 ) -> str | None:
     """Why ``node`` cannot take a new instance now (None: it can).  ``grade``: its grade
     in the controller's records (None: no record); ``cordoned``, ``held``,
     ``rail_flagged``: its flags; ``known``: it is in ``[[provision.nodes]]`` (its MAC is
-    known).  Whether it takes new work at all is ``controller.core.grades``'s answer."""
+    known).  Whether it takes new work at all is ``controller.core.grades``'s answer; a
+    ``sensitive`` instance also needs the node's ``dma_posture`` to be ``isolated``."""
     if not known:
         return f"{node} is not a provisioned node (no [[provision.nodes]] entry with its MAC)"
     if grade is None:
@@ -373,6 +377,11 @@ def why_not_deployable(
     why = why_no_new_work(grade, cordoned=cordoned, held=held, rail_flagged=rail_flagged)
     if why is not None:
         return f"{node} is {why}"
+    if sensitive and dma_posture != "isolated":
+        return (
+            f"{node} is not DMA-isolated ({dma_posture or 'not reported'}): a sensitive "
+            "instance needs an isolated node"
+        )
     if claim is not None and claim.flagged:
         return f"{node} is flagged after {claim.failures} failed deploys"
     if claim is not None and claim.instance_id:

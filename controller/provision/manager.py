@@ -516,7 +516,8 @@ class ProvisionService:
                 raise ProvisionError(409, f"instance {instance_id} exists already")
             entry = self._res.named_volume(req.volume, req.tenant, req.image)
             volume = req.volume or await self._res.fresh_volume_name(req.tenant, instance_id)
-            node = await self._res.claim_first(self._candidates(req.node), instance_id, req.node)
+            candidates = self._candidates(req.node, sensitive=req.sensitive)
+            node = await self._res.claim_first(candidates, instance_id, req.node)
             step = machine.new_instance(req, instance_id, volume, new_export(), node, self._clock())
             inst = step.instance
             try:
@@ -617,7 +618,9 @@ class ProvisionService:
         self._check_leading()
         async with self._lock(instance_id):
             inst = self._live_instance(instance_id, ("active", "deploying"))
-            candidates = [n for n in self._candidates("") if n != inst.node]
+            candidates = [
+                n for n in self._candidates("", sensitive=inst.sensitive) if n != inst.node
+            ]
             if not candidates:
                 raise ProvisionError(409, f"no node available to replace {inst.node}")
             node = await self._res.claim_first(candidates, instance_id, "")
@@ -726,7 +729,9 @@ class ProvisionService:
             )
         return inst
 
-    def _why_not(self, node: str, *, claimed_ok: bool = False) -> str | None:
+    def _why_not(
+        self, node: str, *, claimed_ok: bool = False, sensitive: bool = False
+    ) -> str | None:
         record = self._nodes.records.get(node)
         claim = self.store.claims.get(node)
         return machine.why_not_deployable(
@@ -737,6 +742,8 @@ class ProvisionService:
             node in self.settings.macs,
             held=record is not None and record.held,
             rail_flagged=record is not None and record.rail_flagged,
+            sensitive=sensitive,
+            dma_posture=record.dma_posture if record is not None else "",
         )
 
     def _check_health(self, node: str) -> None:
@@ -744,17 +751,18 @@ class ProvisionService:
         if why is not None:
             raise ProvisionError(409, why)
 
-    def _candidates(self, named: str) -> list[str]:
+    def _candidates(self, named: str, *, sensitive: bool = False) -> list[str]:
         """The nodes a request may take, in order: the named one (404 unknown, 409 not
-        available), else every deployable one (409 when there is none)."""
+        available), else every deployable one (409 when there is none); a ``sensitive``
+        one only DMA-isolated nodes."""
         if named:
             if named not in self.settings.macs:
                 raise ProvisionError(404, f"{named} is not a provisioned node")
-            why = self._why_not(named)
+            why = self._why_not(named, sensitive=sensitive)
             if why is not None:
                 raise ProvisionError(409, why)
             return [named]
-        reasons = {n: self._why_not(n) for n in self.settings.macs}
+        reasons = {n: self._why_not(n, sensitive=sensitive) for n in self.settings.macs}
         free = machine.pick_node(n for n, why in reasons.items() if why is None)
         if not free:
             shown = "; ".join(why for why in reasons.values() if why)[:500]
@@ -858,7 +866,7 @@ class ProvisionService:
         old_export = inst.export
         while machine.on_timeout(inst, self.settings.deploy_attempts) == "retry":
             try:
-                candidates = self._candidates("")
+                candidates = self._candidates("", sensitive=inst.sensitive)
             except ProvisionError:
                 candidates = []
             tried = machine.tried_nodes(inst)

@@ -100,3 +100,22 @@ def test_event_ids_unique_and_injectable() -> None:
     counter = iter(range(100))
     ids = [e.event_id for e in detect_events(prev, cur, new_id=lambda: f"x{next(counter)}")]
     assert ids == ["x0", "x1", "x2"]
+
+
+def test_a_dma_isolation_posture_change_is_one_warning_event() -> None:
+    from metalguard.proto.iommu import IommuPosture
+
+    isolated = IommuPosture(posture="isolated", mode="dma-fq")
+    shared = IommuPosture(
+        posture="shared",
+        mode="dma-fq",
+        reasons=("NIC 0000:03:00.0: ACS redirect off on switch port 0000:02:00.0 above it (RR-)",),
+    )
+    assert detect_events(None, batch(1, iommu=isolated)) == []  # the batch carries it
+    assert detect_events(batch(1, iommu=isolated), batch(2, iommu=isolated)) == []
+    (event,) = detect_events(batch(2, iommu=isolated), batch(3, iommu=shared))
+    assert (event.kind, event.source, event.severity) == ("iommu_posture", "iommu", "warning")
+    assert event.attributes == {"from": "isolated", "to": "shared", "mode": "dma-fq"}
+    assert "ACS redirect off on switch port 0000:02:00.0" in event.message
+    back = detect_events(batch(3, iommu=shared), batch(4, iommu=isolated))
+    assert [e.attributes["to"] for e in back] == ["isolated"]

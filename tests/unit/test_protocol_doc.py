@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from metalguard.proto import base, events, jobs, nodes, provision, qos, telemetry
+from metalguard.proto import base, events, iommu, jobs, nodes, provision, qos, telemetry
 from metalguard.proto.messages import MESSAGE_TYPES
 
 DOC = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
@@ -16,7 +16,7 @@ DOC = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
 
 def _structs() -> list[type[msgspec.Struct]]:
     found: list[type[msgspec.Struct]] = []
-    for module in (base, telemetry, events, qos, jobs, nodes, provision):
+    for module in (base, telemetry, events, qos, jobs, nodes, provision, iommu):
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if not issubclass(obj, msgspec.Struct) or obj.__module__ != module.__name__:
                 continue

@@ -239,6 +239,36 @@ def test_only_healthy_uncordoned_free_known_nodes_are_deployable(
         assert why in got
 
 
+@pytest.mark.parametrize(
+    ("posture", "sensitive", "deployable"),
+    [
+        ("isolated", True, True),
+        ("shared", True, False),
+        ("off", True, False),
+        ("unknown", True, False),
+        ("", True, False),  # never reported
+        ("shared", False, True),  # only a sensitive instance minds
+    ],
+)
+def test_a_sensitive_instance_needs_a_dma_isolated_node(
+    posture: str, sensitive: bool, deployable: bool
+) -> None:
+    got = machine.why_not_deployable(
+        N1, "HEALTHY", False, None, True, sensitive=sensitive, dma_posture=posture
+    )
+    assert (got is None) == deployable, got
+    if not deployable:
+        assert got is not None
+        assert "a sensitive instance needs an isolated node" in got
+        assert f"({posture or 'not reported'})" in got
+
+
+def test_a_sensitive_request_makes_a_sensitive_instance() -> None:
+    req = InstanceRequest(tenant="t1", image="img", sensitive=True)
+    step = machine.new_instance(req, "i-1", "vol", "exp", N1, 10.0)
+    assert step.instance.sensitive
+
+
 def test_a_nodes_provision_state_follows_its_instance() -> None:
     inst = deploying()
     claim = NodeClaim(node=N1, instance_id="i-1")

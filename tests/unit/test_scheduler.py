@@ -35,6 +35,7 @@ def _fleet(racks: dict[tuple[str, str], int], **caps: object) -> list[FleetNode]
                     cpu_cores=64,
                     memory_gb=512,
                     bandwidth_tier=1,
+                    dma_posture="isolated",
                     **caps,  # type: ignore[arg-type]
                 )
             )

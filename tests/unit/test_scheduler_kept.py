@@ -56,6 +56,7 @@ def fleet(rng: random.Random) -> list[FleetNode]:
             grade=rng.choice(GRADES),
             cordoned=rng.random() < 0.15,
             warm_datasets=_warm(rng),
+            dma_posture=rng.choice(["isolated", "isolated", "isolated", "shared", "off", ""]),
         )
         for i in range(rng.randint(3, 8))
     ]
@@ -189,6 +190,7 @@ def _oracle(
             and node.bandwidth_tier >= req.bandwidth_tier
             and not (req.sensitive and others)
             and not any(r.sensitive for r in others)
+            and (not req.sensitive or node.dma_posture == "isolated")
         )
         if ok and req.exclusive:
             ok = not here
@@ -338,6 +340,7 @@ def _fit_oracle(
             and (not req.allowed_regions or node.region in req.allowed_regions)
             and (not req.gpu_type or node.gpu_type == req.gpu_type)
             and node.bandwidth_tier >= req.bandwidth_tier
+            and (not req.sensitive or node.dma_posture == "isolated")
         )
         if ok and req.exclusive:
             ok = not here
@@ -411,6 +414,7 @@ def _rack(count: int, rack: str = "a", first: int = 0) -> list[FleetNode]:
             gpu_type="h100",
             cpu_cores=64,
             memory_gb=512,
+            dma_posture="isolated",
         )
         for i in range(first, first + count)
     ]
@@ -496,6 +500,7 @@ def test_on_a_full_fleet_only_the_leaves_with_room_are_walked_in_order() -> None
             gpu_type="h100",
             cpu_cores=64,
             memory_gb=512,
+            dma_posture="isolated",
         )
         for i in range(40)
     ]

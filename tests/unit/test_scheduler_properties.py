@@ -55,6 +55,7 @@ def fleets(draw: st.DrawFn, max_nodes: int = 8, one_rack: bool = False) -> list[
                 ),
                 cordoned=draw(st.sampled_from([False] * 7 + [True])),
                 warm_datasets=frozenset(draw(st.sets(st.sampled_from(DATASETS)))),
+                dma_posture=draw(st.sampled_from(["isolated"] * 4 + ["shared", "off", ""])),
             )
         )
     if one_rack:
@@ -158,6 +159,8 @@ def _member_ok(node: FleetNode, req: JobRequest, running: Sequence[RunningJob]) 
         return False
     if req.gpu_type and node.gpu_type != req.gpu_type:
         return False
+    if req.sensitive and node.dma_posture != "isolated":
+        return False  # docs/security.md "DMA isolation"
     if node.bandwidth_tier < req.bandwidth_tier:
         return False
     here = [j.request for j in running if node.handle in j.placement]
@@ -260,6 +263,30 @@ def test_sensitive_tenants_never_share_a_leaf(
     else:
         assert placed is not None
         _check(placed, req, nodes, running)
+
+
+@SETTINGS
+@given(situations(), situations(max_nodes=7, max_jobs=4, preemption=True))
+def test_a_sensitive_job_never_lands_on_a_node_whose_dma_isolation_is_not_isolated(
+    case: tuple[list[FleetNode], list[RunningJob], JobRequest],
+    crowded: tuple[list[FleetNode], list[RunningJob], JobRequest],
+) -> None:
+    """docs/security.md "DMA isolation": placement, preemption and the queue put a
+    sensitive job only on ``isolated`` nodes (never ``shared``, ``off``, ``unknown`` or
+    unreported); one that is not sensitive may go anywhere the other rules allow."""
+    for nodes, running, req in (case, crowded):
+        by_handle = {n.handle: n for n in nodes}
+        secret = replace(req, sensitive=True)
+        placed = place(secret, nodes, running)
+        if placed is not None:
+            assert {by_handle[h].dma_posture for h in placed.nodes} == {"isolated"}
+        plan = plan_preemption(secret, nodes, running)
+        if plan is not None:
+            assert {by_handle[h].dma_posture for h in plan.placement.nodes} == {"isolated"}
+        for decision in schedule_queue([secret], nodes, running).placements:
+            assert {by_handle[h].dma_posture for h in decision.nodes} == {"isolated"}
+        if all(n.dma_posture != "isolated" for n in nodes):
+            assert placed is None
 
 
 @SETTINGS
@@ -372,6 +399,7 @@ def test_greedy_preemption_spares_the_last_victim_of_its_group_when_not_needed()
         return FleetNode(
             handle=handle, region="r1", cluster=cluster, zone=zone, rack="a", leaf=leaf,
             gpus=4, gpu_type="h100", cpu_cores=8, memory_gb=64, bandwidth_tier=1,
+            dma_posture="isolated",
         )  # fmt: skip
 
     def job(job_id: str, placement: tuple[str, ...]) -> RunningJob:

@@ -155,5 +155,5 @@ def test_fleet_configs_carry_identity_and_tree(tmp_path: Path) -> None:
     assert (config.node.region, config.node.cluster, config.node.name) == ("r1", "c2", "r1c2k1n1")
     assert config.collect.sysfs == str(tmp_path / "r1c2k1n1" / "sys")
     assert config.collect.intervals == {
-        "edac": 1.0, "pcie": 1.0, "hwmon": 1.0, "smart": 1.0, "rdma": 5.0
+        "edac": 1.0, "pcie": 1.0, "hwmon": 1.0, "smart": 1.0, "rdma": 5.0, "iommu": 5.0
     }  # fmt: skip

@@ -774,6 +774,12 @@
         r.operator_reason ? [h("dt", { text: "operator" }), h("dd", { text: `${r.operator_by}: ${r.operator_reason}` })] : null,
         h("dt", { text: "running jobs" }), h("dd", { text: String(r.running_jobs) }),
         r.slurm_jobs != null ? [h("dt", { text: "Slurm jobs" }), h("dd", { text: String(r.slurm_jobs) })] : null,
+        h("dt", { text: "DMA isolation" }),
+        h("dd", {
+          id: "node-dma",
+          text: r.dma_posture ? [r.dma_posture, ...(r.dma_reasons || [])].join(" — ") : "not reported",
+          title: "isolated: sensitive jobs and instances may go here (docs/security.md)",
+        }),
         h("dt", { text: "last seen" }), h("dd", { text: fmtDateTime(r.last_seen_ts) }),
       ),
       h("section", { class: "card", "aria-labelledby": "h-reasons" }, h("h3", { id: "h-reasons", text: "Current reasons" }), reasonsTable(r.reasons || [])),

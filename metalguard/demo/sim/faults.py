@@ -49,6 +49,7 @@ KNOWN_KINDS: tuple[str, ...] = (
     *(f"gpu_xid_{c}" for c in ("app", "ignore", "reset", "decode", "reboot", "attention")),
     "gpu_remap_pending",
     "kmsg",
+    "iommu_shared",
 )
 GPU_XIDS: dict[str, int] = {
     "gpu_xid_app": 13,
@@ -337,6 +338,28 @@ def _aer_fatal(tree: NodeTree, rng: random.Random, count: int) -> Applied:
     return Applied("aer_fatal", f"{count} fatal AER {AER_FATAL_ERROR} on {nic.rsplit('/', 1)[1]}")
 
 
+def _iommu_shared(tree: NodeTree, rng: random.Random) -> Applied:
+    """A NIC falls into a GPU's IOMMU group (as after a firmware update that dropped ACS
+    from their root ports): the node's DMA isolation posture becomes ``shared``."""
+    if not tree.iommu:
+        raise FaultError("iommu_shared needs a tree with an IOMMU (NodeSpec.iommu)")
+    gpu = _pick(tree.paths.gpus, "GPU", rng)
+    nic = _pick(tree.paths.nics, "NIC", rng)
+    nic_dir = tree.sys_path(nic)
+    gpu_group = os.path.realpath(tree.sys_path(f"{gpu}/iommu_group"))
+    old_group = os.path.realpath(nic_dir / "iommu_group")
+    address = nic_dir.name
+    os.unlink(os.path.join(old_group, "devices", address))
+    member = os.path.join(gpu_group, "devices", address)
+    os.symlink(os.path.relpath(nic_dir, os.path.dirname(member)), member)
+    os.unlink(nic_dir / "iommu_group")
+    os.symlink(os.path.relpath(gpu_group, nic_dir), nic_dir / "iommu_group")
+    return Applied(
+        "iommu_shared",
+        f"{address} now in the IOMMU group of {gpu.rsplit('/', 1)[1]} (ACS lost)",
+    )
+
+
 def _pcie_downgrade(tree: NodeTree, rng: random.Random) -> Applied:
     gpu = _pick(tree.paths.gpus, "GPU", rng)
     write_atomic(tree.sys_path(f"{gpu}/current_link_width"), f"{DOWNGRADED_WIDTH}\n")
@@ -473,6 +496,8 @@ def apply_fault(
             return _gpu_xid(tree, kind, rng, n)
         case "kmsg":
             return _kmsg(tree, line, n)
+        case "iommu_shared":
+            return _iommu_shared(tree, rng)
         case "gpu_remap_pending":
             index = _gpu_index(tree, rng)
             gpus.change(gpus.state_dir(tree.root), index, remap_pending=1)

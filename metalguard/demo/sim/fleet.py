@@ -137,6 +137,11 @@ def node_seed(seed: int, name: str) -> int:
     return seed * 1_000_003 + zlib.crc32(name.encode())
 
 
+IOMMU_INTERVAL_FACTOR = 5
+"""The iommu collector runs every this many intervals (its own default is 5 min: a
+simulated node's posture changes only when a scenario's fault changes it)."""
+
+
 def agent_config_text(
     *,
     name: str,
@@ -160,6 +165,8 @@ def agent_config_text(
         intervals["rdma"] = interval_s * RDMA_INTERVAL_FACTOR
     if gpu:  # the collector's own default interval is 5 s: XIDs expedite it
         intervals["gpu"] = interval_s * GPU_INTERVAL_FACTOR
+    if tree.iommu:  # the posture changes at boot: collected now and then
+        intervals["iommu"] = interval_s * IOMMU_INTERVAL_FACTOR
     collectors = list(intervals)
     interval_lines = "".join(f"{c} = {value}\n" for c, value in intervals.items())
     return f"""\

@@ -28,6 +28,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from metalguard.demo.sim.iommu import add_iommu
+
 SYS = "sys"
 SMART = "smart"
 
@@ -159,6 +161,9 @@ class NodeSpec:
     rdma: bool = True
     """Each NIC is an RDMA device ``mlx5_<j>`` with one port (InfiniBand when
     ``infiniband``, else RoCE) in ``class/infiniband``."""
+    iommu: bool = True
+    """An IOMMU with a group for each GPU and NIC and ACS on their root ports (the
+    ``iommu`` collector's posture: ``isolated``; demo/sim/iommu.py)."""
     bridges: bool = False
     """List the root ports above the GPUs and NICs in ``bus/pci/devices`` too (as real
     sysfs does).  Off by default: they double the cost of every PCIe scan, and a fleet of
@@ -169,7 +174,8 @@ class NodeSpec:
 class Layout:
     """A tree as data: file contents and symlink targets by path relative to the node dir."""
 
-    files: dict[str, str]
+    files: dict[str, str | bytes]
+    """Text, or bytes (a PCI configuration space)."""
     links: dict[str, str]
     tree: NodeTreePaths
 
@@ -212,6 +218,11 @@ class NodeTree:
     def smart_dir(self) -> Path:
         """The saved-JSON directory to give the agent (``collect.smart_json_dir``)."""
         return self.root / SMART
+
+    @property
+    def iommu(self) -> bool:
+        """Whether the tree has an IOMMU (``class/iommu``): the ``iommu`` collector runs."""
+        return (self.root / SYS / "class" / "iommu").is_dir()
 
     def sys_path(self, rel: str) -> Path:
         """An absolute path below ``sys/``."""
@@ -291,7 +302,7 @@ def smart_document(index: int, serial: str, rng: random.Random) -> dict[str, obj
 
 
 def _pci_device(
-    files: dict[str, str],
+    files: dict[str, str | bytes],
     links: dict[str, str],
     port_addr: str,
     addr: str,
@@ -349,7 +360,7 @@ def netdev_name(bus: int, infiniband: bool) -> str:
 
 
 def _rdma_device(
-    files: dict[str, str],
+    files: dict[str, str | bytes],
     links: dict[str, str],
     nic_dir: str,
     index: int,
@@ -417,7 +428,7 @@ def _rdma_device(
 
 
 def _hwmon_chip(
-    files: dict[str, str], links: dict[str, str], chip: str, number: int, name: str
+    files: dict[str, str | bytes], links: dict[str, str], chip: str, number: int, name: str
 ) -> str:
     """Create ``devices/platform/<chip>/hwmon/hwmonN`` with its links; return that dir."""
     real = f"devices/platform/{chip}/hwmon/hwmon{number}"
@@ -432,7 +443,7 @@ def _hwmon_chip(
 def layout(spec: NodeSpec, seed: int) -> Layout:
     """The files and links of one node's tree; the same spec and seed give the same tree."""
     rng = random.Random(seed)
-    files: dict[str, str] = {}
+    files: dict[str, str | bytes] = {}
     links: dict[str, str] = {}
 
     gpus = tuple(
@@ -458,6 +469,18 @@ def layout(spec: NodeSpec, seed: int) -> Layout:
         )
         for j in range(spec.nics)
     )
+
+    if spec.iommu:
+        add_iommu(
+            files,
+            links,
+            SYS,
+            [(d, f"0000:{0x10 + i:02x}:00.0", (GPU_CLASS, GPU_VENDOR, GPU_DEVICE))
+             for i, d in enumerate(gpus)]
+            + [(d, f"0000:{0x30 + j:02x}:00.0", (nic_class, NIC_VENDOR, NIC_DEVICE))
+               for j, d in enumerate(nics)],
+            (BRIDGE_CLASS, BRIDGE_VENDOR, BRIDGE_DEVICE),
+        )  # fmt: skip
 
     rdma_rng = random.Random(f"rdma-{seed}")  # its own: the other parts stay as they were
     rdma_ports = (
@@ -552,7 +575,10 @@ def write_tree(root: Path, spec: NodeSpec, seed: int) -> NodeTree:
         if parent not in made:
             os.makedirs(root / parent, exist_ok=True)
             made.add(parent)
-        (root / rel).write_text(text)
+        if isinstance(text, bytes):
+            (root / rel).write_bytes(text)
+        else:
+            (root / rel).write_text(text)
     for rel, target in plan.links.items():
         parent = posixpath.dirname(rel)
         if parent not in made:
