@@ -53,3 +53,37 @@ def published(dump: Path) -> Path | None:
         if text.exists():
             return text
     return None
+
+
+_GROUP_LINE = re.compile(
+    r"IOMMU Group (?P<group>\d+):?\s*(?P<bdf>(?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])?"
+    r"(?:.*?\[(?P<cls>[0-9a-f]{4})\]:)?"
+)
+_MEMBER_LINE = re.compile(
+    r"^\s*(?:# )?(?P<bdf>(?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) "
+    r".*?\[(?P<cls>[0-9a-f]{4})\]:"
+)
+
+
+def group_listing(text: str) -> dict[str, list[tuple[str, str]]]:
+    """A published IOMMU group listing (``IOMMU Group N BDF desc [cccc]: ...`` one a line,
+    or ``IOMMU Group N:`` then the members indented): group -> [(address with its domain,
+    class as ``0xcccc00``)]."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    current = ""
+    for line in text.splitlines():
+        head = line.lstrip("# ")
+        if head.startswith("IOMMU Group"):
+            m = _GROUP_LINE.match(head)
+            assert m is not None, line
+            current = m.group("group")
+            groups.setdefault(current, [])
+            if m.group("bdf") and m.group("cls"):
+                groups[current].append((_domain(m.group("bdf")), f"0x{m.group('cls')}00"))
+        elif current and (m := _MEMBER_LINE.match(line)):
+            groups[current].append((_domain(m.group("bdf")), f"0x{m.group('cls')}00"))
+    return groups
+
+
+def _domain(bdf: str) -> str:
+    return bdf if bdf.count(":") == 2 else f"0000:{bdf}"

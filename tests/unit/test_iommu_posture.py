@@ -15,6 +15,8 @@ import pytest
 from metalguard.agent.collectors.iommu import read_iommu
 from metalguard.agent.collectors.iommu_parse import (
     EXT_ACS,
+    IommuReading,
+    PciFunction,
     acs,
     acs_bits,
     assess,
@@ -25,6 +27,7 @@ from metalguard.agent.collectors.iommu_parse import (
     port_type,
 )
 from metalguard.proto.iommu import IommuPosture
+from tests.support.iommu_dumps import group_listing
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "iommu"
 SWITCH_DOWN = ("0000:02:00.0", "0000:02:01.0")
@@ -208,3 +211,49 @@ def test_iommu_kernel_arguments() -> None:
     assert passthrough_by_args(iommu_args(line)) == "iommu=pt on the kernel command line"
     assert passthrough_by_args(("intel_iommu=on", "iommu=nopt")) is None
     assert passthrough_by_args(("amd_iommu=off",)) == "amd_iommu=off on the kernel command line"
+
+
+GROUPS = FIXTURES / "groups"
+
+
+@pytest.mark.parametrize(
+    ("listing", "cmdline", "posture", "said"),
+    [
+        # X99 (linux-pci): 5.8's groups isolate every GPU and NIC; 5.9's regression put
+        # the I211 NIC in one group with two other endpoints
+        ("lore-linux-pci-boris-x99-kernel5.8.groups.txt", "", "isolated", ""),
+        ("lore-linux-pci-boris-x99-kernel5.9.groups.txt", "", "shared",
+         "NIC 0000:09:00.0 shares IOMMU group 29 with 0000:0c:00.0, 0000:0d:00.0"),
+        # six V100s, two pairs sharing a group (a switch without ACS above each pair)
+        ("quansight-6xV100.groups-nvidia-only.txt", "", "shared",
+         "GPU 0000:27:00.0 shares IOMMU group 19 with 0000:28:00.0"),
+        # X299 Taichi booted with iommu=pt (its dmesg's command line)
+        ("lore-iommu-x299-taichi.groups.txt",
+         (GROUPS / "lore-iommu-x299-taichi.dmesg-5.4-cmdline.txt").read_text().split(
+             "Command line: ", 1)[1], "off", "passthrough: iommu=pt on the kernel command line"),
+    ],
+)  # fmt: skip
+def test_the_posture_of_real_machines_group_listings(
+    listing: str, cmdline: str, posture: str, said: str
+) -> None:
+    """Published ``IOMMU Group N ...`` listings of real machines (PROVENANCE.md in
+    tests/fixtures/iommu/lspci/): the groups judged as the collector judges a node's."""
+    groups = group_listing((GROUPS / listing).read_text())
+    functions = {
+        address: PciFunction(address=address, pci_class=cls, group=group)
+        for group, members in groups.items()
+        for address, cls in members
+    }
+    reading = IommuReading(
+        iommus=("dmar0",),
+        cmdline=cmdline,
+        group_types=dict.fromkeys(groups, "DMA"),
+        group_members={g: tuple(sorted(a for a, _ in m)) for g, m in groups.items()},
+        functions=functions,
+    )
+    result = assess(reading)
+    assert result.posture == posture, result.reasons
+    if said:
+        assert said in result.reasons
+    else:
+        assert result.reasons == ()
