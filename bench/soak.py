@@ -68,8 +68,9 @@ SUB_HEALTHY_KINDS = (
     "rdma_link_flap",
     "rdma_symbol_errors",
 )
-NO_CHANGE_KINDS = ("dcqcn_no_cnp",)
-"""Kinds that change no grade (a QoS finding, docs/qos.md): planned with no ``expect``."""
+NO_CHANGE_KINDS = ("dcqcn_no_cnp", "iommu_shared")
+"""Kinds that change no grade (a QoS finding, docs/qos.md; a DMA isolation posture,
+docs/security.md): planned with no ``expect``."""
 GPU_KINDS = (
     "gpu_xid_app",
     "gpu_xid_ignore",

@@ -78,9 +78,10 @@ def read_iommu(sysfs: Path, procfs: Path) -> tuple[IommuReading, list[str]]:
         link = device / "iommu_group"
         group_of[address] = os.path.basename(os.readlink(link)) if link.is_symlink() else None
     functions: dict[str, PciFunction] = {}
+    translating = bool(iommus or members)  # without an IOMMU the posture is off anyway
     for address in sorted(set(classes) | set(wanted)):
         config = b""
-        if address in wanted:
+        if address in wanted and translating:
             try:
                 with open(wanted[address] / "config", "rb") as f:
                     config = f.read(CONFIG_SIZE)

@@ -79,7 +79,7 @@ def test_fault_plan_puts_dcqcn_on_roce_nodes_and_expects_no_grade(soak: ModuleTy
     """A kind that changes no grade is planned without ``expect`` (so the demo does not
     judge it) and only on RoCE nodes (racks k2, k4)."""
     fleet = soak.Fleet()
-    faults = soak.plan_faults(random.Random(21), fleet, 3600.0)
+    faults = soak.plan_faults(random.Random(21), fleet, 7200.0)
     assert {f["kind"] for f in faults} <= set(soak.KNOWN_KINDS)
     dcqcn = [f for f in faults if f["kind"] == "dcqcn_no_cnp"]
     assert dcqcn
