@@ -75,6 +75,13 @@ def render_text(batch: TelemetryBatch) -> str:
             )
     lines.extend(_rdma_line(port) for port in batch.rdma)
     lines.extend(_cache_line(cache) for cache in batch.cache)
+    if (posture := batch.iommu) is not None:
+        lines.append(
+            f"iommu {posture.posture} mode={posture.mode or '-'} "
+            f"units={','.join(posture.iommus) or '-'} groups={posture.groups} "
+            f"devices={len(posture.devices)}"
+        )
+        lines.extend(f"        {reason}" for reason in posture.reasons)
     for run in batch.collectors:
         ok = "ok" if run.success else "FAILED"
         lines.append(f"run   {run.collector}: {ok} in {run.duration_s * 1000:.1f} ms")

@@ -257,3 +257,16 @@ def test_the_posture_of_real_machines_group_listings(
         assert said in result.reasons
     else:
         assert result.reasons == ()
+
+
+def test_agent_collect_text_shows_the_posture_and_its_reasons() -> None:
+    from metalguard.agent.render import render_text
+    from metalguard.proto.base import NodeIdentity
+    from metalguard.proto.telemetry import TelemetryBatch
+
+    posture = _posture(FIXTURES / "qemu-switch")
+    batch = TelemetryBatch(node=NodeIdentity(region="r", cluster="c", node="n"), seq=1, ts=0.0,
+                           iommu=posture)  # fmt: skip
+    text = render_text(batch)
+    assert "iommu shared mode=dma-fq units=dmar0 groups=8 devices=3" in text
+    assert "switch port 0000:02:00.0 above it has no ACS" in text
