@@ -176,6 +176,8 @@ def read_red_node(driver: WebDriver, url: str) -> str:
     assert title.get_attribute("data-grade") == "FAILING"
     assert FAULTY in title.text
     assert driver.find_elements(By.CSS_SELECTOR, "svg.chart polyline"), "no score chart"
+    # the simulated node's IOMMU: a group per GPU and NIC (docs/security.md)
+    assert driver.find_element(By.ID, "node-dma").text == "isolated"
     wait(
         driver,
         STREAM_S,
