@@ -7,6 +7,9 @@ isolation"): QEMU q35 guests booted by tests/support/harness/iommu_vm.py, whose 
   node ``shared`` (each reason names the port); the GPU behind its root port is alone.
 - Each device behind a root port of its own: ``isolated``.
 - ``iommu=pt``: identity domains, ``off``; no IOMMU at all: ``off``.
+- The same collector run INSIDE each guest, on the guest kernel's real /sys and /proc (the
+  host's Python and this repository, shared read-only into the guest with virtiofs: the
+  cloud kernel has no 9p), judges exactly what the host judges from the snapshot.
 
 The snapshot itself is a faithful sysfs
 tree: a QEMU q35 guest with a root port, a PCIe switch with two e1000e behind its
@@ -18,7 +21,9 @@ bytes for a PCIe function) and agrees with its vendor, device and class files; t
 switch's ports sit under the root port as directories, as the kernel nests them.
 
 Skips, with the reason, where QEMU or busybox-static is missing (tests/ensure-tools.sh)
-or no Debian cloud kernel can be had (apt; downloaded once: rxe_kernel.cache_root()).
+or no Debian cloud kernel can be had (apt; downloaded once: rxe_kernel.cache_root());
+the in-guest check alone skips where virtiofsd (qemu-system-common), unshare, the cloud
+kernel's virtiofs modules or this Python's files cannot be had.
 """
 
 from __future__ import annotations
@@ -42,13 +47,18 @@ E1000E = ("0x8086", "0x10d3")
 
 
 VARIANTS: dict[object, dict[str, object]] = {
-    True: {"iommu": True},
-    False: {"iommu": False},
-    "direct": {"iommu": True, "devices": iommu_vm.DIRECT_DEVICES, "name": "direct"},
-    "passthrough": {"iommu": True, "iommu_args": "intel_iommu=on iommu=pt", "name": "pt"},
-}
+    True: {"iommu": True, "inside": True},
+    False: {"iommu": False, "inside": True},
+    "direct": {
+        "iommu": True, "devices": iommu_vm.DIRECT_DEVICES, "name": "direct", "inside": True,
+    },
+    "passthrough": {
+        "iommu": True, "iommu_args": "intel_iommu=on iommu=pt", "name": "pt", "inside": True,
+    },
+}  # fmt: skip
 """The guests booted (once each, for the module): the switch with and without the
-IOMMU, every device behind its own root port, and the IOMMU in passthrough mode."""
+IOMMU, every device behind its own root port, and the IOMMU in passthrough mode.  Each
+boot also runs the collector inside the guest (``inside``: a few seconds more)."""
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +70,12 @@ def snapshots(
     work = tmp_path_factory.mktemp("iommu-vm")
     out = {}
     for key, how in VARIANTS.items():
-        out[key] = iommu_vm.snapshot(work, **how)  # type: ignore[arg-type]
-        print(f"IOMMU VM ({key}) ran {out[key].wall_s:.1f}s: {out[key].timings}")
+        out[key] = snap = iommu_vm.snapshot(work, **how)  # type: ignore[arg-type]
+        print(f"IOMMU VM ({key}) ran {snap.wall_s:.1f}s: {snap.timings}")
+        if snap.inside_why:
+            print(f"IOMMU VM ({key}): no in-guest posture: {snap.inside_why}")
+        else:
+            print(f"IOMMU VM ({key}) in-guest Python: {snap.inside_timings}")
     return out
 
 
@@ -243,3 +257,44 @@ def test_passthrough_and_no_iommu_are_off(
     assert none.posture == "off"
     assert none.mode == "off"
     assert none.reasons[0].startswith("no IOMMU")
+
+
+# --- the collector INSIDE the guest, on its real /sys and /proc ----------------------
+
+
+@pytest.mark.parametrize("key", list(VARIANTS), ids=[str(k) for k in VARIANTS])
+def test_inside_the_guest_the_collector_sees_what_the_snapshot_shows(
+    snapshots: dict[object, iommu_vm.GuestSnapshot], key: object
+) -> None:
+    """The host's Python, run in the guest over virtiofs on the guest kernel's own sysfs
+    and procfs (iommu_guest/collect.py), judges the same posture as the host does from the
+    snapshot rebuilt out of the same boot."""
+    snap = snapshots[key]
+    if snap.inside is None:
+        if snap.inside_why.startswith("skip:"):
+            print(f"IOMMU VM ({key}): {snap.inside_why}")
+            pytest.skip(f"IOMMU VM ({key}) in-guest collector: {snap.inside_why}")
+        pytest.fail(f"IOMMU VM ({key}): {snap.inside_why}\n{snap.console[-2000:]}")
+    assert snap.inside_problems == ()
+    assert snap.inside_groups == snap.groups
+    host = _posture(snap)
+    inside = snap.inside
+    assert inside.posture == host.posture, (inside.reasons, host.reasons)
+    assert inside.mode == host.mode
+    assert inside.reasons == host.reasons
+    assert inside.devices == host.devices
+    assert inside == host  # iommus, cmdline and the number of groups too
+    # the share the run came through: one more function on the root bus, no GPU or NIC,
+    # a group of its own with the IOMMU; every tested device where it was
+    fs = [
+        bdf
+        for bdf, folder in _devices(snap.root).items()
+        if (folder / "vendor").read_text().strip() == "0x1af4"
+        and (folder / "class").read_text().strip().startswith("0x01")
+    ]
+    assert len(fs) == 1, fs
+    assert fs[0].startswith("0000:00:"), fs
+    assert all(d.address != fs[0] for d in host.devices)
+    if snap.groups:
+        (alone,) = (m for m in snap.groups.values() if fs[0] in m)
+        assert alone == (fs[0],)
