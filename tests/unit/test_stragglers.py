@@ -14,6 +14,7 @@ from metalguard.controller.core.stragglers import (
     JobState,
     RankWindow,
     Settings,
+    Verdict,
     move_pays,
     observe,
     suspects_across_jobs,
@@ -57,7 +58,7 @@ def job(
     return out
 
 
-def run(windows: list[list[RankWindow]], generation: int = 1) -> list:
+def run(windows: list[list[RankWindow]], generation: int = 1) -> list[Verdict]:
     state = JobState()
     return [observe(state, generation, w, RULES) for w in windows]
 
