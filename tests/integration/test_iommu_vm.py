@@ -61,7 +61,7 @@ IOMMU, every device behind its own root port, and the IOMMU in passthrough mode.
 boot also runs the collector inside the guest (``inside``: a few seconds more)."""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker: xdist may run other modules between
 def snapshots(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[object, iommu_vm.GuestSnapshot]:
