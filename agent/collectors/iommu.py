@@ -42,9 +42,9 @@ def _text(path: Path) -> str:
         return ""
 
 
-def read_iommu(sysfs: Path, procfs: Path) -> tuple[IommuReading, list[str]]:
-    """Everything the posture is judged from (blocking: run it off the loop), and the
-    files that could not be read."""
+def read_iommu(sysfs: Path, procfs: Path) -> IommuReading:
+    """Everything the posture is judged from (blocking: run it off the loop); the files
+    that could not be read are its ``problems``."""
     problems: list[str] = []
     iommus = tuple(_listdir(sysfs / "class" / "iommu"))
     cmdline = _text(procfs / "cmdline")
@@ -102,7 +102,7 @@ def read_iommu(sysfs: Path, procfs: Path) -> tuple[IommuReading, list[str]]:
         functions=functions,
         problems=tuple(problems),
     )
-    return reading, problems
+    return reading
 
 
 @register("iommu", default_interval_s=300)
@@ -118,6 +118,8 @@ class IommuCollector:
 
     async def collect(self) -> Collected:
         """Read the IOMMU's state off the event loop and judge the posture."""
-        reading, problems = await asyncio.to_thread(read_iommu, self._sysfs, self._procfs)
-        errors = tuple(CollectorError(collector=self.name, message=p) for p in problems[:10])
+        reading = await asyncio.to_thread(read_iommu, self._sysfs, self._procfs)
+        errors = tuple(
+            CollectorError(collector=self.name, message=p) for p in reading.problems[:10]
+        )
         return Collected(field=self.field, items=(assess(reading),), errors=errors)

@@ -213,8 +213,8 @@ class KmsgSource:
             return
         previous = await read_previous_boot(self._journalctl)
         if previous is not None:
-            saved = self.reader.saved_at_start
-            records = unseen(previous, saved if saved is None or saved.boot_id != boot else None)
+            saved = self.reader.saved_at_start  # a cursor of this boot says nothing of the last
+            records = unseen(previous, saved if saved and saved.boot_id != boot else None)
             for record in records:
                 if record.text not in self._previous_boot_texts:
                     self._previous_boot(record)

@@ -128,8 +128,9 @@ class JobManager:
         self._report_suspects = report_suspects
         """Takes the nodes newly blamed for other jobs' failures and when their suspicion
         ends (the region controller's ``report_suspects``)."""
-        self._isolation_said: set[str] = set()
-        """The ``node.isolation_lost`` announcements made (their event ids)."""
+        self._isolation_said: dict[str, str] = {}
+        """The ``node.isolation_lost`` announcements made for running jobs: event id ->
+        job (a job's go once it ends)."""
         self._failures: list[blame.Failure] = []
         """Failed generations blamed on nodes, within the blame window (in memory: a
         restarted controller starts counting again)."""
@@ -311,6 +312,8 @@ class JobManager:
         DMA isolation posture dropped (docs/security.md "DMA isolation"); the job runs on:
         an operator decides. Once per job, node, generation and posture (in memory; a
         restarted manager's repeat carries the same event id, which the stream drops)."""
+        running = {j for j, s in self._live.items() if s.state not in TERMINAL_JOB_STATES}
+        self._isolation_said = {e: j for e, j in self._isolation_said.items() if j in running}
         found = [
             lost
             for lost in dma_watch.lost_isolation(self._live.values(), records)
@@ -340,7 +343,7 @@ class JobManager:
             except NatsError as exc:  # the next pass announces it
                 log.warning("node.isolation_lost for %s not published: %s", lost.handle, exc)
                 continue
-            self._isolation_said.add(lost.event_id)
+            self._isolation_said[lost.event_id] = lost.job_id
             log.warning("%s", event.message)
 
     async def _blame(self, records: Mapping[str, NodeRecord]) -> None:

@@ -203,7 +203,8 @@ def test_without_the_iommu_there_are_no_groups(
 
 
 def _posture(snap: iommu_vm.GuestSnapshot) -> IommuPosture:
-    reading, problems = read_iommu(snap.root / "sys", snap.root / "proc")
+    reading = read_iommu(snap.root / "sys", snap.root / "proc")
+    problems = list(reading.problems)
     assert problems == []
     # the groups the collector read are the guest kernel's own
     assert dict(reading.group_members) == snap.groups

@@ -41,7 +41,7 @@ def _copy(tmp_path: Path, name: str) -> Path:
 
 
 def _posture(root: Path) -> IommuPosture:
-    reading, _ = read_iommu(root / "sys", root / "proc")
+    reading = read_iommu(root / "sys", root / "proc")
     return assess(reading)
 
 
@@ -52,7 +52,8 @@ def _config(root: Path, bdf: str) -> Path:
 def test_the_collectors_groups_are_the_kernels() -> None:
     for name in ("qemu-switch", "qemu-direct"):
         root = FIXTURES / name
-        reading, problems = read_iommu(root / "sys", root / "proc")
+        reading = read_iommu(root / "sys", root / "proc")
+        problems = list(reading.problems)
         assert problems == []
         listed = {
             line.split()[0]: tuple(line.split()[1:])
@@ -109,7 +110,7 @@ def test_no_iommu_is_off(tmp_path: Path) -> None:
 
 def test_a_nic_in_the_gpus_group_is_shared_naming_both(tmp_path: Path) -> None:
     root = _copy(tmp_path, "qemu-direct")
-    reading, _ = read_iommu(root / "sys", root / "proc")
+    reading = read_iommu(root / "sys", root / "proc")
     gpu = next(f for f in reading.functions.values() if f.pci_class.startswith("0x03"))
     nic = next(f for f in reading.functions.values() if f.pci_class.startswith("0x02"))
     groups = root / "sys/kernel/iommu_groups"

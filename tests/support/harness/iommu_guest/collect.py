@@ -31,7 +31,8 @@ def main(argv: list[str]) -> int:
     imported = time.monotonic()
     sysfs = Path(argv[1] if len(argv) > 1 else "/sys")
     procfs = Path(argv[2] if len(argv) > 2 else "/proc")
-    reading, problems = read_iommu(sysfs, procfs)
+    reading = read_iommu(sysfs, procfs)
+    problems = list(reading.problems)
     posture = assess(reading)
     out = {
         "posture": posture,
