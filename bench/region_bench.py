@@ -69,10 +69,32 @@ from metalguard.proto.subjects import Subjects
 
 METALGUARD = Path(sys.executable).parent / "metalguard"
 PUBLISH_CHUNK = 512
-DEADLINE_S = 1800.0
+LIMITS = {"wait_s": 1800.0, "stop_s": 300.0}
+"""The longest any one wait (``until``) and a shard's clean stop may take; ``--quick``
+shortens them, so a stuck step fails the bench naming the step (not the caller's
+timeout with nothing said)."""
 CHILDREN: list[asyncio.subprocess.Process] = []
 """Every shard process started: killed at the end whatever happened."""
 T = TypeVar("T")
+STARTED = time.monotonic()
+LOGS: list[Path] = []
+"""The shard processes' logs (their tails are printed when the bench fails)."""
+
+
+def progress(what: str) -> None:
+    """One line on stderr per step, with the seconds since the start: where a run that
+    fails or is killed got to."""
+    print(f"[region_bench +{time.monotonic() - STARTED:.1f} s] {what}", file=sys.stderr,
+          flush=True)  # fmt: skip
+
+
+def print_log_tails(lines: int = 20) -> None:
+    """The last ``lines`` of every shard's log, on stderr."""
+    for log in LOGS:
+        with contextlib.suppress(OSError):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            print(f"--- {log.name} (last {len(tail)} lines)", file=sys.stderr)
+            print("\n".join(tail), file=sys.stderr, flush=True)
 
 
 def groups_of(clusters: int, shards: int) -> dict[str, list[str]]:
@@ -127,12 +149,14 @@ class Region:
             self.js, self.subjects, StreamSettings(replicas=3, lease_ttl_s=self.ttl_s)
         )
 
-    async def start_shards(self) -> None:
+    async def start_shards(self, *, wait: bool = True) -> None:
+        """Start one process per shard; ``wait``: until each holds its lease."""
         for shard in self.groups:
             instance = f"p{shard}"
             conf = self.root / f"{self.subjects.prefix}-{instance}.toml"
             conf.write_text(shard_toml(self.urls, self.subjects.prefix, instance, self.groups,
                                        shard, self.ttl_s))  # fmt: skip
+            LOGS.append(conf.with_suffix(".log"))
             log = conf.with_suffix(".log").open("ab")
             self.procs[instance] = await asyncio.create_subprocess_exec(
                 str(METALGUARD), "--log-level", "warning", "controller", "run", "--config",
@@ -140,7 +164,8 @@ class Region:
             )  # fmt: skip
             log.close()
             CHILDREN.append(self.procs[instance])
-        await self.wait_owned()
+        if wait:
+            await self.wait_owned()
 
     async def wait_owned(self) -> None:
         want = {s: f"p{s}" for s in self.groups}
@@ -163,9 +188,11 @@ class Region:
                 proc.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
             try:  # a clean stop writes the liveness not yet written: slow on a busy host
-                await asyncio.wait_for(proc.wait(), 300)
+                await asyncio.wait_for(proc.wait(), LIMITS["stop_s"])
             except TimeoutError:
-                print(f"a shard process (pid {proc.pid}) did not stop in 300 s: killed")
+                progress(f"a shard process (pid {proc.pid}) did not stop in "
+                         f"{LIMITS['stop_s']:.0f} s after SIGTERM: killed")  # fmt: skip
+                print_log_tails()
                 proc.kill()
                 await proc.wait()
         self.procs.clear()
@@ -223,14 +250,15 @@ class Region:
 
 
 async def until(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], what: str,
-                limit_s: float = DEADLINE_S, every_s: float = 0.25) -> T:  # fmt: skip
+                limit_s: float | None = None, every_s: float = 0.25) -> T:  # fmt: skip
     """Await ``probe()`` until ``done``; errors while the cluster re-elects are retried."""
-    deadline = time.monotonic() + limit_s
+    deadline = time.monotonic() + (LIMITS["wait_s"] if limit_s is None else limit_s)
     value: T | None = None
     while True:
         try:
             value = await probe()
             if done(value):
+                progress(what)
                 return value
         except (NatsError, TimeoutError):
             value = None
@@ -270,25 +298,29 @@ class Drain:
 
 
 async def drain_rate(region: Region, total: int, servers: list[int]) -> Drain:
-    """Batches/s from the shards' first acknowledgement until the backlog is empty (their
-    start-up, the state's load from KV, excluded), with the CPU it took."""
+    """Start the shards and time their drain: batches/s from their first acknowledgement
+    until the backlog is empty (their start-up, the state's load from KV, excluded), with
+    the CPU it took. NaN when the drain fell between two looks (too few batches)."""
+    await region.start_shards(wait=False)
     shards = [p.pid for p in region.procs.values()]
-    start = (time.monotonic(), total, cpu_s(shards), cpu_s(servers))
     first: tuple[float, int, float, float] | None = None
+    deadline = time.monotonic() + LIMITS["wait_s"]
     while True:
         try:
             left = await region.backlog()
         except (NatsError, TimeoutError):
-            continue
+            left = None
         now = time.monotonic()
-        if first is None and left < total:
+        if left is not None and first is None and left < total:
             first = (now, left, cpu_s(shards), cpu_s(servers))
         if left == 0:
             break
+        if now >= deadline:
+            raise RuntimeError(f"timed out waiting for the shards' drain: {left} left")
         await asyncio.sleep(0.05)
+    progress(f"drained {total} batches")
+    await region.wait_owned()
     if first is None or now <= first[0] or first[1] == 0:
-        first = start  # drained between two looks (a small run): time it from the start
-    if now <= first[0]:
         return Drain(float("nan"), float("nan"), float("nan"))
     done = first[1]
     return Drain(
@@ -349,9 +381,7 @@ async def sustained(nc: Client, urls: list[str], root: Path, nodes: list[tuple[s
     for seq in range(3, 3 + cycles):
         total += await region.publish_cycle(seq)
     await until(region.backlog, lambda n: n == total, "the batches in the stream")
-    await region.start_shards()
     rate = await drain_rate(region, total, servers)
-    await until(region.backlog, lambda n: n == 0, "the shards drained")
     raw = await raw_rate(js, region.subjects, total)
     await region.stop_shards()
     return rate, raw
@@ -583,6 +613,11 @@ async def measure(args: argparse.Namespace, root: Path) -> None:
             drain, raw = await sustained(nc, urls, root, nodes, args.clusters, shards,
                                          args.cycles, servers)  # fmt: skip
             rate = drain.rate
+            if rate != rate:  # NaN: the drain fell between two looks
+                print(f"sustained ingest, {shards} shard(s): not timed (the {args.cycles} "
+                      f"cycle(s) drained between two looks: raise --cycles); raw consumer "
+                      f"{raw:,.0f}/s")  # fmt: skip
+                continue
             base = base or rate
             print(f"sustained ingest, {shards} shard(s): {rate:,.0f} batches/s "
                   f"(shards/raw {rate / raw:.2f}, raw consumer {raw:,.0f}/s; "
@@ -598,6 +633,9 @@ async def measure(args: argparse.Namespace, root: Path) -> None:
         await faults_and_kills(nc, cluster, root, nodes, args.clusters, max(counts),
                                args.interval_s, args.lease_ttl_s, args.warmup_cycles)  # fmt: skip
         print(f"load average after: {os.getloadavg()[0]:.1f}")
+    except BaseException:
+        print_log_tails()
+        raise
     finally:
         for proc in CHILDREN:
             if proc.returncode is None:
@@ -622,8 +660,9 @@ def main() -> int:
                         help="skip (a): faults, the shard and the server kill only")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
-        args.nodes, args.clusters, args.cycles, args.shards = 200, 4, 2, "1,2"
+        args.nodes, args.clusters, args.cycles, args.shards = 200, 4, 10, "1,2"
         args.interval_s, args.lease_ttl_s = 2.0, 2.0
+        LIMITS.update(wait_s=120.0, stop_s=60.0)
     with tempfile.TemporaryDirectory(prefix="mg-region-bench-") as tmp:
         asyncio.run(measure(args, Path(tmp)))
     return 0
