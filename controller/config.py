@@ -130,6 +130,18 @@ class JobsSection(_Section, frozen=True):
     jobs (their other nodes not failing) ..."""
     blame_window_s: Annotated[float, msgspec.Meta(gt=0)] = 86_400.0
     """... within this window is suspected: SUB_HEALTHY for the window (docs/jobs.md)."""
+    straggler_threshold: Annotated[float, msgspec.Meta(gt=0)] = 0.08
+    """A node whose ranks compute this much slower than their same-role peers ...
+    (docs/jobs.md "Stragglers")"""
+    straggler_persistence: Annotated[int, msgspec.Meta(ge=1)] = 4
+    """... in this many consecutive timing windows (each a job's ``timing_window_s``, 30 s
+    by default) ..."""
+    straggler_warmup_windows: Annotated[int, msgspec.Meta(ge=0)] = 1
+    """... not counting this many windows after each (re)start ..."""
+    straggler_hold_s: Annotated[float, msgspec.Meta(gt=0)] = 86_400.0
+    """... is a straggler: SUB_HEALTHY for this long (an uncordon ends it sooner)."""
+    straggler_restart_cost_s: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    """A restart's cost for a job that states no ``restart_cost_s`` (the move rule)."""
 
 
 class RemediationSection(_Section, frozen=True):

@@ -38,6 +38,7 @@ from metalguard.controller.core.decide import (
     decide_operator,
     decide_running,
     decide_silence,
+    decide_stragglers,
     decide_suspects,
     event_input,
     slurm_job_count,
@@ -55,7 +56,7 @@ from metalguard.controller.ingest.consumer import REUSED_SECTIONS
 from metalguard.controller.round_queue import QueuedInput, RoundFailedError, take_group
 from metalguard.controller.state.store import NodeStore, StoreConflictError
 from metalguard.controller.stopping import cancel_within
-from metalguard.proto.base import NodeIdentity
+from metalguard.proto.base import NodeIdentity, Reason
 from metalguard.proto.codec import encode
 from metalguard.proto.events import SLURM_JOBS_KIND, ControllerEvent, NodeEvent
 from metalguard.proto.nodes import NodeRecord
@@ -421,6 +422,16 @@ class RegionController:
         return await self._rounds_by_cluster(
             suspects,
             lambda g: decide_suspects(self.store.records, g, until, self._clock(), self._cfg),
+        )
+
+    async def report_stragglers(
+        self, stragglers: Mapping[str, Reason], until: float
+    ) -> tuple[ControllerEvent, ...]:
+        """The job manager's straggler marks (node handle → the evidence): one round per
+        cluster; a HEALTHY node becomes SUB_HEALTHY until ``until``."""
+        return await self._rounds_by_cluster(
+            stragglers,
+            lambda g: decide_stragglers(self.store.records, g, until, self._clock(), self._cfg),
         )
 
     async def _rounds_by_cluster(

@@ -29,10 +29,12 @@ from metalguard.controller.config import (
     ConfigError,
     ControllerConfig,
     IngestSection,
+    JobsSection,
     NatsSection,
     load_config,
 )
 from metalguard.controller.core.scoring.config import ScoringConfig
+from metalguard.controller.core.stragglers import Settings as DetectorSettings
 from metalguard.controller.federation.jobs import FederatedJobs
 from metalguard.controller.federation.service import Federation
 from metalguard.controller.federation.view import busy_nodes, job_counts
@@ -40,6 +42,7 @@ from metalguard.controller.ingest.consumer import Ingest, IngestSettings
 from metalguard.controller.ingest.settings import tune_gc
 from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.store import JobStore
+from metalguard.controller.jobs.straggler_watch import WatchSettings
 from metalguard.controller.leader import Leadership, region_leadership
 from metalguard.controller.listener_metrics import ListenerCollector
 from metalguard.controller.provision.run import Provisioning
@@ -232,11 +235,13 @@ async def _serve(
             hang_timeout_s=cfg.jobs.hang_timeout_s,
             blame_min_jobs=cfg.jobs.blame_min_jobs,
             blame_window_s=cfg.jobs.blame_window_s,
+            stragglers=straggler_settings(cfg.jobs),
         ),
         fleet=controller.topology.fleet,
         leading=leadership.leading,
         report_running=controller.report_running,
         report_suspects=controller.report_suspects,
+        report_stragglers=controller.report_stragglers,
     )
     remediation = Remediation(  # docs/decisions.md, "GPU"
         nc,
@@ -332,3 +337,16 @@ async def _serve(
         await leadership.stop()
     log.info("stopped")
     return 0
+
+
+def straggler_settings(jobs: JobsSection) -> WatchSettings:
+    """The straggler watch's settings from ``[jobs]`` (docs/jobs.md "Stragglers")."""
+    return WatchSettings(
+        detector=DetectorSettings(
+            threshold=jobs.straggler_threshold,
+            persistence=jobs.straggler_persistence,
+            warmup_windows=jobs.straggler_warmup_windows,
+        ),
+        hold_s=jobs.straggler_hold_s,
+        restart_cost_s=jobs.straggler_restart_cost_s,
+    )

@@ -2,8 +2,11 @@
 
 ``from metalguard import checkpoint`` then ``checkpoint.report_progress(step)``,
 ``checkpoint.checkpoint_requested()`` and ``checkpoint.checkpoint_done(step, path)``, or
-``checkpoint.connect()`` for a client object.  Standard library only; without an agent
-(no ``MG_WORKLOAD_SOCKET``) every call is a cheap no-op.
+``checkpoint.connect()`` for a client object.  Step timing for the straggler detector
+(docs/jobs.md "Stragglers"): ``with checkpoint.compute():`` and ``with
+checkpoint.communicate():`` (or ``checkpoint.report_timing(compute_s, comm_s)``),
+``checkpoint.set_role(stage, slot)``, ``checkpoint.mark_step("eval")``.  Standard library
+only; without an agent (no ``MG_WORKLOAD_SOCKET``) every call is a cheap no-op.
 """
 
 from metalguard.agent.workload.client import (
@@ -12,9 +15,14 @@ from metalguard.agent.workload.client import (
     WorkloadClient,
     checkpoint_done,
     checkpoint_requested,
+    communicate,
+    compute,
     connect,
     job_env,
+    mark_step,
     report_progress,
+    report_timing,
+    set_role,
 )
 
 __all__ = [
@@ -23,7 +31,12 @@ __all__ = [
     "WorkloadClient",
     "checkpoint_done",
     "checkpoint_requested",
+    "communicate",
+    "compute",
     "connect",
     "job_env",
+    "mark_step",
     "report_progress",
+    "report_timing",
+    "set_role",
 ]

@@ -20,7 +20,9 @@ JobState = Literal[
     "failed",
     "cancelled",
 ]
-MoveCause = Literal["node_failing", "maintenance", "preempted", "hang", "crash", "lost", "operator"]
+MoveCause = Literal[
+    "node_failing", "maintenance", "preempted", "hang", "crash", "lost", "operator", "straggler"
+]
 MoveTarget = Literal["place", "queue", "failed", "cancelled"]
 MovePhase = Literal["checkpointing", "stopping", "placing", "starting"]
 """The steps of a move, in order; each is recorded in MG_JOBS before it is taken."""
@@ -61,6 +63,15 @@ class Job(Message, frozen=True, tag="job"):
     """The dataset the job reads (a ``[[cache.datasets]]`` name, docs/cache.md): among
     placements equal in topology the scheduler prefers nodes where it is warm, and each
     member gets ``MG_DATASET`` and ``MG_DATASET_DIR`` (the node's mount of it)."""
+    timing_window_s: float = 30.0
+    """Seconds over which each rank's step timings are batched (``MG_TIMING_WINDOW_S``;
+    docs/jobs.md "Stragglers")."""
+    total_steps: NonNegInt = 0
+    """The steps a full run takes (0: not said): with the measured step time it gives the
+    remaining run time that decides whether moving off a straggler pays."""
+    restart_cost_s: float | None = None
+    """What a restart costs the job in seconds (start-up, checkpoint load, warm-up);
+    None: the controller's ``[jobs] straggler_restart_cost_s``."""
 
 
 class CheckpointRef(Record, frozen=True):

@@ -59,6 +59,12 @@ class NodeRecord(Message, frozen=True, tag="node_record"):
     (their other members' nodes were not): it is kept SUB_HEALTHY until ``suspect_until``."""
     suspect_until: float | None = None
     """Controller time the suspicion ends (an operator's uncordon ends it sooner)."""
+    straggler: Reason | None = None
+    """The job manager found the node slowing a synchronous job without failing (its
+    ranks slower than their peers; docs/jobs.md "Stragglers"): the evidence. It is kept
+    SUB_HEALTHY until ``straggler_until``."""
+    straggler_until: float | None = None
+    """Controller time the straggler mark ends (an operator's uncordon ends it sooner)."""
     unreachable_from: Grade | None = None
     """While UNREACHABLE: the grade it had when it went silent."""
     running_jobs: NonNegInt | None = None

@@ -4,7 +4,8 @@ Standard library only, so a script can import it (or copy it) anywhere.  Without
 (no ``MG_WORKLOAD_SOCKET``, or nothing listening there) every call is a cheap no-op.
 
 Wire: newline-delimited JSON over a unix stream socket (docs/workloads.md).  The script
-sends ``hello``, ``progress`` and ``checkpoint_done``; the agent sends ``checkpoint``.
+sends ``hello``, ``progress``, ``timing`` (one per window, docs/jobs.md "Stragglers") and
+``checkpoint_done``; the agent sends ``checkpoint``.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ import os
 import signal
 import socket
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from metalguard.agent.workload.timing import DEFAULT_WINDOW_S, MARK_KINDS, StepTimer
+
 SOCKET_ENV = "MG_WORKLOAD_SOCKET"
+WINDOW_ENV = "MG_TIMING_WINDOW_S"
 SEND_TIMEOUT_S = 1.0
 """A send that cannot complete within this is dropped (the agent is stuck or gone)."""
 
@@ -36,6 +42,7 @@ class JobEnv:
     checkpoint_dir: str = ""
     resume_from: str = ""
     checkpoint_every: float = 0.0
+    timing_window_s: float = DEFAULT_WINDOW_S
 
 
 def job_env(environ: dict[str, str] | None = None) -> JobEnv:
@@ -57,14 +64,22 @@ def job_env(environ: dict[str, str] | None = None) -> JobEnv:
         checkpoint_dir=env.get("MG_CHECKPOINT_DIR", ""),
         resume_from=env.get("MG_RESUME_FROM", ""),
         checkpoint_every=num("MG_CHECKPOINT_EVERY", 0.0),
+        timing_window_s=num(WINDOW_ENV, DEFAULT_WINDOW_S) or DEFAULT_WINDOW_S,
     )
 
 
 class WorkloadClient:
     """One connection to the agent; every method is a no-op when not connected."""
 
-    def __init__(self, sock: socket.socket | None, *, handle_sigusr1: bool = True) -> None:
+    def __init__(
+        self,
+        sock: socket.socket | None,
+        *,
+        handle_sigusr1: bool = True,
+        window_s: float = DEFAULT_WINDOW_S,
+    ) -> None:
         self._sock = sock
+        self._timer = StepTimer(window_s=window_s)
         self._buf = b""
         self._pending: list[str | None] = []
         """Checkpoint requests not yet answered (request ids; None for SIGUSR1)."""
@@ -78,8 +93,46 @@ class WorkloadClient:
         return self._sock is not None
 
     def report_progress(self, step: int) -> None:
-        """Heartbeat: ``step`` steps are done (the agent rate-limits what it forwards)."""
+        """Heartbeat: ``step`` steps are done (the agent rate-limits what it forwards).
+        It also ends the step's timing: a window's medians go out once it is due."""
         self._send({"op": "progress", "step": int(step)})
+        if self._sock is not None and (window := self._timer.end_step(int(step))) is not None:
+            self._send(window.message())
+
+    def set_role(self, *role: int) -> None:
+        """This rank's role, e.g. ``(pipeline_stage, tensor_slot)``: its timings are
+        compared only with ranks of the same role (default: every rank is a peer)."""
+        self._timer.role = tuple(int(r) for r in role)
+
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """Time a block of the step's own work (forward, backward, optimizer)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timer.add(compute_s=time.perf_counter() - started)
+
+    @contextlib.contextmanager
+    def communicate(self) -> Iterator[None]:
+        """Time a block spent in collectives (all-reduce, all-gather, barriers)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timer.add(comm_s=time.perf_counter() - started)
+
+    def report_timing(self, compute_s: float, comm_s: float = 0.0) -> None:
+        """Add measured durations to the step in progress (``torch.cuda.Event`` timings,
+        in seconds), instead of or beside the blocks."""
+        self._timer.add(compute_s=float(compute_s), comm_s=float(comm_s))
+
+    def mark_step(self, kind: str = "checkpoint") -> None:
+        """The step in progress is a ``checkpoint``, ``eval`` or ``other`` step that does
+        not do the usual work: it is left out of the windows."""
+        if kind not in MARK_KINDS:
+            raise ValueError(f"mark_step: kind must be one of {sorted(MARK_KINDS)}, not {kind!r}")
+        self._timer.mark()
 
     def checkpoint_requested(self) -> bool:
         """Whether a checkpoint was asked for (by the agent or SIGUSR1); never blocks."""
@@ -158,8 +211,8 @@ def connect(path: str | None = None, *, handle_sigusr1: bool = True) -> Workload
         except OSError:
             sock.close()
             sock = None
-    wl = WorkloadClient(sock, handle_sigusr1=handle_sigusr1)
     env = job_env()
+    wl = WorkloadClient(sock, handle_sigusr1=handle_sigusr1, window_s=env.timing_window_s)
     wl._send({"op": "hello", "job_id": env.job_id, "rank": env.rank, "pid": os.getpid()})
     return wl
 
@@ -187,3 +240,28 @@ def checkpoint_requested() -> bool:
 def checkpoint_done(step: int, path: str) -> None:
     """``checkpoint_done`` on the default client."""
     _client().checkpoint_done(step, path)
+
+
+def set_role(*role: int) -> None:
+    """``set_role`` on the default client."""
+    _client().set_role(*role)
+
+
+def compute() -> contextlib.AbstractContextManager[None]:
+    """``compute`` on the default client."""
+    return _client().compute()
+
+
+def communicate() -> contextlib.AbstractContextManager[None]:
+    """``communicate`` on the default client."""
+    return _client().communicate()
+
+
+def report_timing(compute_s: float, comm_s: float = 0.0) -> None:
+    """``report_timing`` on the default client."""
+    _client().report_timing(compute_s, comm_s)
+
+
+def mark_step(kind: str = "checkpoint") -> None:
+    """``mark_step`` on the default client."""
+    _client().mark_step(kind)

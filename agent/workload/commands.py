@@ -24,6 +24,7 @@ from nats.aio.subscription import Subscription
 
 from metalguard.agent.workload.gpu_reset import GpuResetter, parse_gpus
 from metalguard.agent.workload.runner import LaunchSpec, Runner, RunnerError
+from metalguard.agent.workload.timing import DEFAULT_WINDOW_S
 from metalguard.proto.base import AttrValue, NodeIdentity
 from metalguard.proto.codec import CodecError, decode, encode
 from metalguard.proto.events import Command, CommandReply, CommandStatus
@@ -81,6 +82,7 @@ def parse_start(command_id: str, args: Result) -> LaunchSpec:
         command_id=command_id,
         generation=_arg(args, "generation", int, 0),
         dataset=_arg(args, "dataset", str, ""),
+        timing_window_s=_arg(args, "timing_window_s", float, DEFAULT_WINDOW_S),
     )
 
 

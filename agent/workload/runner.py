@@ -33,6 +33,7 @@ from metalguard.agent.workload.reports import (
     refusal,
     step_from_name,
 )
+from metalguard.agent.workload.timing import DEFAULT_WINDOW_S
 from metalguard.proto.base import NodeIdentity
 from metalguard.proto.events import NodeEvent
 from metalguard.runtime.deadlines import wait_event, within
@@ -92,6 +93,8 @@ class LaunchSpec:
     """The controller's generation of the job, echoed in every event."""
     dataset: str = ""
     """The dataset the job reads (``MG_DATASET``; its mount here is ``MG_DATASET_DIR``)."""
+    timing_window_s: float = DEFAULT_WINDOW_S
+    """``MG_TIMING_WINDOW_S``: the window the client batches step timings over."""
 
 
 class Member:
@@ -113,6 +116,8 @@ class Member:
         self.sent_step = -1
         self.sent_mono = float("-inf")
         self.flusher: asyncio.Task[None] | None = None
+        self.timing_mono = float("-inf")
+        """When the last timing window was forwarded (at most one per MIN_TIMING_GAP_S)."""
         self.checkpoint: Checkpoint | None = None
         self.peer: ChannelPeer | None = None
         self.waiters: dict[str, tuple[asyncio.Future[Checkpoint], str]] = {}
@@ -285,6 +290,7 @@ class Runner:
             MG_CHECKPOINT_DIR=str(ckpt_dir),
             MG_RESUME_FROM=spec.resume_from,
             MG_CHECKPOINT_EVERY=str(spec.checkpoint_every),
+            MG_TIMING_WINDOW_S=str(spec.timing_window_s),
             MG_WORKLOAD_SOCKET=self.settings.socket_path,
         )
         env.pop("MG_DATASET", None)  # only ever the job's own (never inherited)
@@ -432,6 +438,8 @@ class Runner:
             return
         if op == "progress":
             self._progress(member, _int(msg.get("step")))
+        elif op == "timing":
+            await self._timing(member, msg)
         elif op == "checkpoint_done":
             await self._checkpoint_done(member, msg)
 
@@ -478,6 +486,23 @@ class Runner:
             step_ts=member.step_ts,
         )
 
+    async def _timing(self, member: Member, msg: dict[str, object]) -> None:
+        """Forward one window of the rank's step timings as ``job_timing`` (docs/jobs.md
+        "Stragglers"); malformed ones and more than one per ``MIN_TIMING_GAP_S`` are
+        dropped (a script cannot flood the controller)."""
+        window = timing_attributes(msg)
+        now = time.monotonic()
+        if window is None or now - member.timing_mono < MIN_TIMING_GAP_S:
+            return
+        member.timing_mono = now
+        await self._publish(
+            member,
+            "job_timing",
+            f"job {member.spec.job_id} rank {member.spec.rank}: {window['steps']} steps, "
+            f"compute {window['compute_s']} s, collectives {window['comm_s']} s per step",
+            **window,
+        )
+
     async def _publish(self, member: Member, kind: str, message: str, **attrs: object) -> None:
         if self._silent:
             return
@@ -493,6 +518,35 @@ class Runner:
             **attrs,  # type: ignore[arg-type]
         )
         await self._emit(event)
+
+
+MIN_TIMING_GAP_S = 0.5
+"""The shortest time between two forwarded timing windows of one member."""
+
+
+def timing_attributes(msg: Mapping[str, object]) -> dict[str, int | float | str] | None:
+    """The ``job_timing`` attributes of a client's ``timing`` message; None when it is
+    malformed (a count or duration missing, negative or not a number; a bad role)."""
+    out: dict[str, int | float | str] = {}
+    for key in ("steps", "marked", "first_step", "last_step"):
+        value = msg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return None
+        out[key] = value
+    for key in ("compute_s", "comm_s", "elapsed_s"):
+        value = msg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if not 0 <= value < 1e9:  # also NaN
+            return None
+        out[key] = float(value)
+    role = msg.get("role", [])
+    if not isinstance(role, list) or len(role) > 8:
+        return None
+    if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in role):
+        return None
+    out["role"] = ",".join(str(r) for r in role)
+    return out
 
 
 def _load_prctl() -> Callable[..., int] | None:

@@ -37,6 +37,9 @@ FLAG_FIELDS: dict[str, type] = {
     "hang_timeout": float,
     "max_restarts": int,
     "dataset": str,
+    "timing_window_s": float,
+    "total_steps": int,
+    "restart_cost_s": float,
 }
 """``jobs submit`` flags (``--gpus-per-node``) that set a job key of the same name."""
 

@@ -27,6 +27,7 @@ from metalguard.controller.core.lifecycle import (
     check_silence,
     observe,
     operator,
+    straggle,
     suspect,
     to_event,
     update_jobs,
@@ -448,6 +449,21 @@ def decide_suspects(
     ``f<now ms>``). A node not in ``records`` is skipped."""
     return _per_node(
         records, suspects, lambda r, jobs: suspect(r, jobs, until, now, cfg), f"f{_ms(now)}"
+    )
+
+
+def decide_stragglers(
+    records: Mapping[str, NodeRecord],
+    stragglers: Mapping[str, Reason],
+    until: float,
+    now: float,
+    cfg: LifecycleConfig,
+) -> Outcome:
+    """The job manager's straggler marks: each node (by handle) and its evidence; a
+    HEALTHY one becomes SUB_HEALTHY until ``until`` (event ids tagged ``s<now ms>``). A
+    node not in ``records`` is skipped."""
+    return _per_node(
+        records, stragglers, lambda r, why: straggle(r, why, until, now, cfg), f"s{_ms(now)}"
     )
 
 

@@ -54,12 +54,14 @@ __all__ = [
     "Transition",
     "accepts_new_work",
     "check_silence",
+    "is_straggling",
     "is_suspected",
     "observe",
     "operator",
     "recent_isolations",
     "silence_due_ts",
     "silence_limit_s",
+    "straggle",
     "suspect",
     "to_event",
     "unfinished_jobs",
@@ -77,6 +79,11 @@ def observe(record: NodeRecord, obs: Observation, cfg: LifecycleConfig) -> Trans
         # blamed for other jobs' failures: clean telemetry does not clear that
         obs = dataclasses.replace(
             obs, grade="SUB_HEALTHY", reasons=(*obs.reasons, suspect_reason(record))
+        )
+    if obs.deserved == "HEALTHY" and is_straggling(record, obs.ts) and record.straggler:
+        # slower than its peers in a job: clean telemetry does not clear that either
+        obs = dataclasses.replace(
+            obs, grade="SUB_HEALTHY", reasons=(*obs.reasons, record.straggler)
         )
     base = _absorb(record, obs, cfg)
     deserved = obs.deserved
@@ -179,6 +186,33 @@ def suspect(
         cfg,
         (reason,),
         f"suspected: {reason.message}; no new work, running jobs continue",
+    )
+
+
+def is_straggling(record: NodeRecord, now: float) -> bool:
+    """Whether the job manager's straggler mark still holds the node."""
+    return record.straggler_until is not None and now < record.straggler_until
+
+
+def straggle(
+    record: NodeRecord, evidence: Reason, until: float, now: float, cfg: LifecycleConfig
+) -> Transition:
+    """The job manager found the node slowing a job (``evidence``: docs/jobs.md
+    "Stragglers"): SUB_HEALTHY (no new work; its jobs finish, or the job manager moves
+    the slowed one when that pays) until ``until``, whatever its telemetry says; a node
+    already in a worse grade keeps it."""
+    if evidence == record.straggler and until == record.straggler_until:
+        return Transition(record)
+    base = replace(record, straggler=evidence, straggler_until=until, updated_ts=now)
+    if record.grade != "HEALTHY" or record.held or record.maintenance:
+        return Transition(base)
+    return change_grade(
+        replace(base, clean_cycles=0, reasons=(evidence,)),
+        "SUB_HEALTHY",
+        now,
+        cfg,
+        (evidence,),
+        f"straggler: {evidence.message}; no new work",
     )
 
 
@@ -517,6 +551,8 @@ def _uncordon(
         rail_flagged=False,
         suspect_jobs=(),
         suspect_until=None,
+        straggler=None,
+        straggler_until=None,
         isolations=(),
         clean_cycles=0,
         operator_reason="",

@@ -8,11 +8,18 @@ work (the same pipeline stage and tensor-parallel slot across the data-parallel
 replicas; by default every rank is every other's peer). Per window, a rank's slowness is
 its median compute time over its peers' median; a node's is the slowest of its ranks'.
 
-- A node is a **suspect** once it has been at least ``threshold`` slower than its peers in
-  ``persistence`` consecutive windows (warm-up windows after a start or restart, and
-  steps the workload marked as checkpoint or evaluation steps, are not in any window).
+- A node is a **suspect** once it has been slower than its peers in ``persistence``
+  consecutive windows, by at least ``threshold`` on average over them and by at least
+  three quarters of it (:data:`HOLD_SHARE`) in each (warm-up windows after a start or
+  restart, and steps the workload marked as checkpoint or evaluation steps, are not in
+  any window). The average, not every window over the threshold: a window's median
+  carries a percent or two of noise (more when the step cost varies with the data), and
+  one window of a 10 % straggler measured at 7.5 % would otherwise start its count again
+  (bench/straggler_bench.py measures both).
 - A **whole-job slowdown** (every rank slower than the job's own baseline: shared
-  congestion, a slower data shard) is reported as such and blames no node.
+  congestion, a slower data shard) is reported as such, by the same rule, and blames no
+  node. The baseline is the job's median over its first ``persistence`` windows after
+  warm-up (one window's median moves with the data).
 
 Everything here takes the windows as data and returns verdicts: the clock, the
 transport and the actions are the caller's.
@@ -28,8 +35,12 @@ from typing import Final
 DEFAULT_THRESHOLD: Final = 0.08
 """8 % slower than the peers' median."""
 DEFAULT_PERSISTENCE: Final = 4
-"""Consecutive windows (of a minute each by default: four minutes, not seconds)."""
+"""Consecutive windows (of 30 s each by default, a job's ``timing_window_s``: two minutes,
+not seconds)."""
 DEFAULT_WARMUP_WINDOWS: Final = 1
+HOLD_SHARE: Final = 0.75
+"""A window counts towards a streak when at least this share of ``threshold`` slower (6 %
+by default; the streak's average must reach the threshold)."""
 MIN_PEERS: Final = 2
 """A role group needs this many ranks (the rank and a peer) to compare anything."""
 
@@ -79,9 +90,11 @@ class Verdict:
     """What one window adds."""
 
     suspects: tuple[NodeSlowness, ...] = ()
-    """Nodes slower than their peers for ``persistence`` windows, slowest first."""
+    """Nodes slower than their peers for ``persistence`` windows, slowest first (their
+    ``slowdown``: the average over those windows)."""
     job_slowdown: float | None = None
-    """The whole job slower than its baseline by this (every rank alike); None: not."""
+    """The whole job slower than its baseline by this (every rank alike, the average over
+    the last ``persistence`` windows); None: not."""
 
 
 @dataclass
@@ -95,6 +108,12 @@ class JobState:
     last: dict[str, NodeSlowness] = field(default_factory=dict)
     baseline_s: float | None = None
     """The job's median compute time per step in its first windows after warm-up."""
+    recent: dict[str, list[float]] = field(default_factory=dict)
+    """Per node in a streak, its slowdowns in the streak's last ``persistence`` windows."""
+    first_medians: list[float] = field(default_factory=list)
+    """The job's medians of its first windows after warm-up (until the baseline is set)."""
+    job_recent: list[float] = field(default_factory=list)
+    """The whole job's slowdowns in its current streak (the last ``persistence``)."""
 
 
 def window_slowness(ranks: Sequence[RankWindow], min_steps: int = 1) -> dict[str, NodeSlowness]:
@@ -134,6 +153,8 @@ def observe(
         state.generation, state.windows_seen = generation, 0
         state.streak.clear()
         state.last.clear()
+        state.recent.clear()
+        state.job_recent.clear()
     state.windows_seen += 1
     if state.windows_seen <= settings.warmup_windows:
         return Verdict()
@@ -141,26 +162,59 @@ def observe(
     if not usable:
         return Verdict()
     job_median = statistics.median(r.compute_s for r in usable)
-    if state.baseline_s is None:
-        state.baseline_s = job_median
     slowness = window_slowness(usable, settings.min_steps)
+    hold = settings.threshold * HOLD_SHARE
     for node, s in slowness.items():
-        if s.slowdown >= settings.threshold:
+        if s.slowdown >= hold:
             state.streak[node] = state.streak.get(node, 0) + 1
             state.last[node] = s
+            _keep(state.recent.setdefault(node, []), s.slowdown, settings.persistence)
         else:
-            state.streak.pop(node, None)
-            state.last.pop(node, None)
+            _forget(state, node)
     for node in [n for n in state.streak if n not in slowness]:
-        del state.streak[node]
-        state.last.pop(node, None)
+        _forget(state, node)
     suspects = sorted(
-        (state.last[n] for n, k in state.streak.items() if k >= settings.persistence),
+        (
+            _averaged(state.last[n], state.recent[n])
+            for n, k in state.streak.items()
+            if k >= settings.persistence and _mean(state.recent[n]) >= settings.threshold
+        ),
         key=lambda s: (-s.slowdown, s.node),
     )
+    if state.baseline_s is None:
+        state.first_medians.append(job_median)
+        if len(state.first_medians) < settings.persistence:
+            return Verdict(suspects=tuple(suspects))
+        state.baseline_s = statistics.median(state.first_medians)
+        state.first_medians.clear()
     whole = job_median / state.baseline_s - 1.0
-    slow_job = whole if whole >= settings.threshold and not suspects else None
+    if whole >= hold:
+        _keep(state.job_recent, whole, settings.persistence)
+    else:
+        state.job_recent.clear()
+    slow = len(state.job_recent) >= settings.persistence and not suspects
+    average = _mean(state.job_recent)
+    slow_job = average if slow and average >= settings.threshold else None
     return Verdict(suspects=tuple(suspects), job_slowdown=slow_job)
+
+
+def _keep(values: list[float], value: float, persistence: int) -> None:
+    values.append(value)
+    del values[: -max(1, persistence)]
+
+
+def _forget(state: JobState, node: str) -> None:
+    state.streak.pop(node, None)
+    state.last.pop(node, None)
+    state.recent.pop(node, None)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else 0.0
+
+
+def _averaged(last: NodeSlowness, recent: Sequence[float]) -> NodeSlowness:
+    return NodeSlowness(last.node, _mean(recent), last.peers, last.wait_share)
 
 
 def move_pays(

@@ -106,6 +106,19 @@ class World:
     master_addr: str = ""
     """MG_MASTER_ADDR for every gang (empty: rank 0's node name)."""
     timings: Timings = Timings()
+    moves_off: Mapping[str, MoveOff] = field(default_factory=dict)
+    """Job id → a planned move off nodes the job manager asks for (a straggler whose
+    move pays: docs/jobs.md "Stragglers")."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoveOff:
+    """Move a running job's generation off ``nodes`` (a planned move: fresh checkpoint)."""
+
+    generation: int
+    nodes: tuple[str, ...]
+    cause: MoveCause
+    why: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +340,9 @@ def _watch_running(status: JobStatus, world: World) -> Step:
                 "nodes": ",".join(sorted({m.node for m in hung})),
             }
             return _restart(status, "hang", world, why, "job.hung", attrs)
+    off = world.moves_off.get(status.job_id)
+    if off is not None and off.generation == status.generation:
+        return _begin(status, off.cause, world, exclude=off.nodes, why=off.why)
     return Step(status)
 
 
@@ -626,6 +642,7 @@ def _start_sends(
         "env": env,
         "checkpoint_dir": job.checkpoint_dir,
         "checkpoint_every": job.checkpoint_every,
+        "timing_window_s": job.timing_window_s,
     }
     if job.dataset:  # MG_DATASET / MG_DATASET_DIR on the node (docs/workloads.md)
         shared["dataset"] = job.dataset

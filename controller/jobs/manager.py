@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
@@ -38,7 +38,7 @@ from nats.js import JetStreamContext
 
 from metalguard.controller.core.decide import changed_counts
 from metalguard.controller.jobs import blame, dma_watch, machine
-from metalguard.controller.jobs.machine import Emit, Send, Step, Timings, World
+from metalguard.controller.jobs.machine import Emit, MoveOff, Send, Step, Timings, World
 from metalguard.controller.jobs.scheduler import (
     FleetNode,
     JobRequest,
@@ -48,8 +48,16 @@ from metalguard.controller.jobs.scheduler import (
 )
 from metalguard.controller.jobs.spec import NotLeaderError, parse_job
 from metalguard.controller.jobs.store import JobConflictError, JobStore
+from metalguard.controller.jobs.straggler_watch import (
+    JOB_SLOWED,
+    STRAGGLER,
+    Finding,
+    StragglerWatch,
+    WatchSettings,
+    window_from,
+)
 from metalguard.controller.stopping import cancel_within
-from metalguard.proto.base import NodeIdentity
+from metalguard.proto.base import NodeIdentity, Reason
 from metalguard.proto.codec import CodecError, decode, encode
 from metalguard.proto.events import Command, CommandReply, ControllerEvent, NodeEvent
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, CheckpointRef, Job, JobStatus
@@ -89,6 +97,8 @@ class JobSettings:
     """A node blamed by the failed generations of this many different jobs ..."""
     blame_window_s: float = 86_400.0
     """... within this window is suspected (SUB_HEALTHY for the window; docs/jobs.md)."""
+    stragglers: WatchSettings = field(default_factory=WatchSettings)
+    """The straggler watch (docs/jobs.md "Stragglers")."""
 
 
 FleetView = Callable[[Mapping[str, NodeRecord]], list[FleetNode]]
@@ -120,8 +130,12 @@ class JobManager:
         report_running: Callable[[Mapping[str, int]], Awaitable[object]] | None = None,
         report_suspects: Callable[[Mapping[str, tuple[str, ...]], float], Awaitable[object]]
         | None = None,
+        report_stragglers: Callable[[Mapping[str, Reason], float], Awaitable[object]] | None = None,
     ) -> None:
         self._nc = nc
+        self._report_stragglers = report_stragglers
+        """Takes the nodes found slowing a job, their evidence and when the mark ends
+        (the region controller's ``report_stragglers``)."""
         self._report_running = report_running
         """Takes each node's changed count of unfinished job members (the region
         controller's ``report_running``: a decision round)."""
@@ -131,6 +145,11 @@ class JobManager:
         self._isolation_said: dict[str, str] = {}
         """The ``node.isolation_lost`` announcements made for running jobs: event id ->
         job (a job's go once it ends)."""
+        self._stragglers = StragglerWatch((settings or JobSettings()).stragglers)
+        self._straggling: list[Finding] = []
+        """Findings not yet announced and handed over (a failure is retried next pass)."""
+        self._moves_off: dict[str, MoveOff] = {}
+        """Job id → the move off a straggler that pays, until the job's generation moves."""
         self._failures: list[blame.Failure] = []
         """Failed generations blamed on nodes, within the blame window (in memory: a
         restarted controller starts counting again)."""
@@ -212,6 +231,11 @@ class JobManager:
         return self._live
 
     @property
+    def straggler_rounds(self) -> int:
+        """Rounds of timing windows (one from every rank) the straggler watch judged."""
+        return self._stragglers.rounds
+
+    @property
     def failures(self) -> tuple[blame.Failure, ...]:
         """The failures blamed on nodes that the job manager keeps (docs/jobs.md "Blame")."""
         return tuple(self._failures)
@@ -289,12 +313,14 @@ class JobManager:
                 return
             await self._publish(self._pending())
             records = self._nodes.records
+            await self._watch_stragglers()
             world = World(
                 now=self._clock(),
                 grades={h: r.grade for h, r in records.items()},
                 replies=self._replies,
                 master_addr=self.settings.master_addr,
                 timings=self._timings,
+                moves_off=self._moves_off,
             )
             for job_id in list(self._live):
                 status = self._live[job_id]
@@ -345,6 +371,83 @@ class JobManager:
                 continue
             self._isolation_said[lost.event_id] = lost.job_id
             log.warning("%s", event.message)
+
+    async def _watch_stragglers(self) -> None:
+        """Announce each straggler found (``node.straggler``), hand it to the region
+        controller (SUB_HEALTHY with the evidence) and, when moving pays, ask the job's
+        move off it; announce whole-job slowdowns (``job.slowed``, no node blamed).
+        docs/jobs.md "Stragglers". A failed publish or hand-over is retried next pass."""
+        running = [j for j, s in self._live.items() if s.state not in TERMINAL_JOB_STATES]
+        self._stragglers.forget(running)
+        self._moves_off = {
+            j: off
+            for j, off in self._moves_off.items()
+            if (s := self._live.get(j)) is not None and s.generation == off.generation
+            and s.state not in TERMINAL_JOB_STATES
+        }  # fmt: skip
+        found, slowed = self._stragglers.take()
+        self._straggling += found
+        now = self._clock()
+        for slow in slowed:
+            pct = round(slow.slowdown * 100, 1)
+            event = ControllerEvent(
+                event_id=slow.event_id,
+                ts=now,
+                region=self.region,
+                kind=JOB_SLOWED,
+                job_id=slow.job_id,
+                message=f"job {slow.job_id} runs {pct:g} % slower than its own baseline, "
+                "every rank alike (shared congestion, the data): no node is blamed",
+                attributes={"generation": slow.generation, "slowdown_pct": pct},
+            )
+            await self._announce(event)
+        pending, self._straggling = self._straggling, []
+        for f in pending:
+            record = self._nodes.records.get(f.handle)
+            event = ControllerEvent(
+                event_id=f.event_id,
+                ts=now,
+                region=self.region,
+                kind=STRAGGLER,
+                node=record.node if record is not None else None,
+                job_id=f.job_id,
+                reasons=(f.reason(),),
+                message=f"straggler {f.handle}: {f.message()}; "
+                + ("the job is moved off it (moving pays)" if f.move
+                   else "the job finishes where it is (moving would not pay)"),
+                attributes=f.attributes(),
+            )  # fmt: skip
+            handed = self._report_stragglers is None
+            if not handed:
+                assert self._report_stragglers is not None
+                try:
+                    await self._report_stragglers(
+                        {f.handle: f.reason()}, now + self.settings.stragglers.hold_s
+                    )
+                    handed = True
+                except Exception as exc:  # NATS down, a store conflict: next pass
+                    log.warning("straggler %s not handed to the region controller: %s",
+                                f.handle, exc)  # fmt: skip
+            if not handed or not await self._announce(event):
+                self._straggling.append(f)
+                continue
+            if f.move:
+                why = f"straggler: {f.handle} {f.percent:g} % slower than its peers"
+                self._moves_off[f.job_id] = MoveOff(f.generation, (f.handle,), "straggler", why)
+            log.warning("%s", event.message)
+
+    async def _announce(self, event: ControllerEvent) -> bool:
+        """Publish one controller event (its id deduplicates); False when not published."""
+        try:
+            await self._js.publish(
+                self._subjects.control(self.region, event.kind),
+                encode(event),
+                headers={"Nats-Msg-Id": event.event_id},
+            )
+        except NatsError as exc:
+            log.warning("%s %s not published: %s", event.kind, event.event_id, exc)
+            return False
+        return True
 
     async def _blame(self, records: Mapping[str, NodeRecord]) -> None:
         """Hand the region controller the nodes newly blamed by ``blame_min_jobs`` jobs'
@@ -564,6 +667,9 @@ class JobManager:
         if event.kind == "gpu_xid":
             self._blame_xid(event)
             return
+        if event.kind == "job_timing":
+            self._timing(event)
+            return
         job_id = event.attributes.get("job_id") or event.device
         status = self._live.get(str(job_id))
         if status is None:
@@ -583,6 +689,22 @@ class JobManager:
             if significant or stale >= self.settings.progress_write_s:
                 await self._write(new, force=True)
         if significant:
+            self.wake()
+
+    def _timing(self, event: NodeEvent) -> None:
+        """One rank's timing window (docs/jobs.md "Stragglers") into the straggler watch;
+        a finding wakes the pass that acts on it."""
+        status = self._live.get(str(event.attributes.get("job_id") or event.device))
+        rank = event.attributes.get("rank")
+        if status is None or isinstance(rank, bool) or not isinstance(rank, int):
+            return
+        window = window_from(rank, event.node.handle, event.attributes)
+        if window is None:
+            self.bad_events += 1
+            return
+        generation = event_generation(event, status.generation)
+        self._stragglers.add(status, generation, window, self._nodes.records, self._clock())
+        if self._stragglers.pending:
             self.wake()
 
     def _blame_xid(self, event: NodeEvent) -> None:

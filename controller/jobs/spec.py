@@ -25,6 +25,7 @@ DATASET_PATTERN: Final = r"^$|^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 RESERVED_ENV: Final = frozenset(
     {
         "MG_JOB_ID",
+        "MG_TIMING_WINDOW_S",
         "MG_RANK",
         "MG_WORLD_SIZE",
         "MG_MASTER_ADDR",
@@ -148,6 +149,10 @@ def job_problems(job: Job) -> list[str]:
         reasons.append("gpu_type: set, but gpus_per_node is 0")
     if job.checkpoint_every < 0:
         reasons.append("checkpoint_every: must be >= 0 seconds")
+    if not job.timing_window_s > 0:
+        reasons.append("timing_window_s: must be > 0 seconds")
+    if job.restart_cost_s is not None and job.restart_cost_s < 0:
+        reasons.append("restart_cost_s: must be >= 0 seconds")
     if job.hang_timeout is not None and job.hang_timeout < 0:
         reasons.append("hang_timeout: must be >= 0 seconds (0: no hang detection)")
     if job.max_latency_ms is not None and job.max_latency_ms <= 0:

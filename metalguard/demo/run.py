@@ -71,7 +71,7 @@ from metalguard.demo.report import (
     report_ok,
     worst_grade_since,
 )
-from metalguard.demo.sim.faults import Applied, FaultError
+from metalguard.demo.sim.faults import STRAGGLER_FILE, Applied, FaultError
 from metalguard.demo.sim.fleet import SimFleet, SimNode, fleet_names
 from metalguard.demo.sim.provision import SimProvisioning
 from metalguard.demo.sim.scenario import (
@@ -216,7 +216,11 @@ def expected_digest(entry: ScenarioJob) -> str | None:
     if spec is None or spec.loader is None:
         return None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
     return str(module.digest_after(steps))
 
 
@@ -250,8 +254,11 @@ class DemoFleet:
         count: int | None = None,
         duration_s: float | None = None,
         line: str = "",
+        slowdown: float | None = None,
     ) -> Applied:
-        return self._of[node].apply(kind, node, count=count, duration_s=duration_s, line=line)
+        return self._of[node].apply(
+            kind, node, count=count, duration_s=duration_s, line=line, slowdown=slowdown
+        )
 
     def tick(self) -> None:
         for fleet in self.fleets:
@@ -374,6 +381,7 @@ async def _play(fleet: DemoFleet, scenario: Scenario | None, journal: _Journal) 
                         fault.node,
                         count=fault.count,
                         duration_s=fault.duration_s,
+                        slowdown=fault.slowdown,
                         line=fault.line,
                     )
                 except FaultError as exc:  # the node lacks the device (a RoCE port, ...)
@@ -506,6 +514,7 @@ async def _start_region(
         fleet=controller.topology.fleet,
         report_running=controller.report_running,
         report_suspects=controller.report_suspects,
+        report_stragglers=controller.report_stragglers,
     )
     federation = Federation(
         nc,
@@ -900,6 +909,15 @@ def scenario_job(entry: ScenarioJob, base: Path, checkpoints: Path) -> dict[str,
     run in their own directories), and checkpoints go to ``checkpoints/<name>`` (shared by
     every node)."""
     args = [_resolve(a, base) for a in entry.args]
+    extra: dict[str, Any] = {"timing_window_s": entry.timing_window_s}
+    if args and Path(args[0]).name == "trainer.py":
+        # a straggler fault slows the node's trainer (<node dir>/straggler; members run
+        # in <node dir>/work/<job>.<rank>): docs/simulation.md "Faults"
+        if "--slow-file" not in args:
+            args += ["--slow-file", f"../../{STRAGGLER_FILE}"]
+        if "--steps" in args and args.index("--steps") + 1 < len(args):
+            with contextlib.suppress(ValueError):
+                extra["total_steps"] = int(args[args.index("--steps") + 1])
     return {
         "name": entry.name,
         "nodes": entry.nodes,
@@ -911,4 +929,5 @@ def scenario_job(entry: ScenarioJob, base: Path, checkpoints: Path) -> dict[str,
         "checkpoint_every": entry.checkpoint_every,
         "hang_timeout": entry.hang_timeout,
         "max_restarts": entry.max_restarts,
+        **extra,
     }

@@ -94,6 +94,27 @@ def _input_options() -> argparse.ArgumentParser:
         metavar="X",
         help="scale the failure model's causes to X unplanned faults per node-day in all",
     )
+    common.add_argument(
+        "--straggler-rate",
+        type=_non_negative,
+        metavar="X",
+        help="fail-slow nodes: X episodes per node-day (the failure model's [stragglers], "
+        "or the default slowdown, duration and repair; default: the model's, none in "
+        "the default model)",
+    )
+    common.add_argument(
+        "--no-straggler-detection",
+        action="store_true",
+        help="turn the metalguard policy's straggler detector off (a fail-slow slows its "
+        "jobs until it clears, as under static and reactive)",
+    )
+    common.add_argument(
+        "--straggler-window",
+        type=_positive,
+        metavar="S",
+        help="the detector's timing window in seconds (default 30: a verdict after "
+        "1 warm-up + 4 windows, 2.5 min)",
+    )
     gangs = common.add_mutually_exclusive_group()
     gangs.add_argument(
         "--gangs", metavar="TOML", help="the gang generator's parameters (default: built in)"
@@ -144,11 +165,16 @@ def build_inputs(
     failure_rate: float | None = None,
     gangs: str | None = None,
     no_gangs: bool = False,
+    straggler_rate: float | None = None,
 ) -> TwinInputs:
     """The run's inputs from the command line's values (the files read and checked; a
     :class:`~metalguard.twin.errors.TwinInputError` for bad input). The gang generator
     draws from ``random.Random(f"{seed}:gangs")``."""
-    from metalguard.twin.failures import default_failure_model, load_failure_model
+    from metalguard.twin.failures import (
+        default_failure_model,
+        load_failure_model,
+        with_straggler_rate,
+    )
     from metalguard.twin.fleet import fleet_dict, fleet_gpus, load_fleet
     from metalguard.twin.generator import (
         GangParams,
@@ -177,6 +203,8 @@ def build_inputs(
         if failures
         else default_failure_model(failure_rate)
     )
+    if straggler_rate is not None:
+        model = with_straggler_rate(model, straggler_rate)
     workload: dict[str, Any] = {
         "fleet": fleet_dict(fleet, nodes),
         "trace": trace_dict(read) if read is not None else None,
@@ -186,6 +214,7 @@ def build_inputs(
         "gang_generator": params_dict(params) if params is not None else None,
         "gang_seed": f"{seed}:gangs",
         "failure_rate_per_node_day": failure_rate,
+        "straggler_rate_per_node_day": straggler_rate,
     }
     return TwinInputs(
         nodes=tuple(fleet), jobs=jobs, failures=model, days=days, seed=seed, workload=workload
@@ -202,7 +231,22 @@ def _inputs(args: argparse.Namespace) -> TwinInputs:
         failure_rate=args.failure_rate,
         gangs=args.gangs,
         no_gangs=args.no_gangs,
+        straggler_rate=args.straggler_rate,
     )
+
+
+def _policy(name: str, args: argparse.Namespace) -> Policy:
+    """The named policy with the command line's straggler options."""
+    import dataclasses
+
+    from metalguard.twin.policies import POLICIES
+
+    policy = POLICIES[name]  # type: ignore[index]
+    if args.no_straggler_detection:
+        policy = dataclasses.replace(policy, straggler_detection=False)
+    if args.straggler_window is not None:
+        policy = dataclasses.replace(policy, straggler_window_s=args.straggler_window)
+    return policy
 
 
 def _simulate(inputs: TwinInputs, policy: Policy, sample_s: float | None) -> TwinResult:
@@ -211,10 +255,11 @@ def _simulate(inputs: TwinInputs, policy: Policy, sample_s: float | None) -> Twi
 
     started = time.perf_counter()
     result = run(inputs, policy, sample_s=sample_s)
+    slow = f", {len(result.stragglers):,} stragglers" if result.stragglers else ""
     print(
         f"{PREFIX}: {policy.name}: {len(inputs.nodes):,} nodes, {len(inputs.jobs):,} jobs, "
-        f"{len(result.faults):,} faults, {inputs.days:g} days: {result.events:,} events in "
-        f"{time.perf_counter() - started:.1f} s",
+        f"{len(result.faults):,} faults{slow}, {inputs.days:g} days: {result.events:,} "
+        f"events in {time.perf_counter() - started:.1f} s",
         file=sys.stderr,
         flush=True,
     )
@@ -232,12 +277,11 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _run_one(args: argparse.Namespace) -> int:
-    from metalguard.twin.policies import POLICIES
     from metalguard.twin.report import build_report, compare_table, dump_report, dumps_report
 
     _check_outputs(args.plot, args.report if args.report != "-" else None, None)
     inputs = _inputs(args)
-    result = _simulate(inputs, POLICIES[args.policy], args.sample)
+    result = _simulate(inputs, _policy(args.policy, args), args.sample)
     report = build_report(result)
     if args.report == "-":
         sys.stdout.write(dumps_report(report))
@@ -255,12 +299,11 @@ def _run_one(args: argparse.Namespace) -> int:
 
 def _run_all(args: argparse.Namespace) -> int:
     from metalguard.twin.model import POLICY_NAMES
-    from metalguard.twin.policies import POLICIES
     from metalguard.twin.report import build_report, compare_table, dump_report
 
     _check_outputs(args.plot, None, args.report_dir)
     inputs = _inputs(args)
-    results = [_simulate(inputs, POLICIES[name], args.sample) for name in POLICY_NAMES]
+    results = [_simulate(inputs, _policy(name, args), args.sample) for name in POLICY_NAMES]
     reports = [build_report(result) for result in results]
     print(compare_table(reports))
     try:

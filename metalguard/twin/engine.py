@@ -4,9 +4,20 @@ decisions and job machine, driven in simulated time.
 One heap of ``(time, sequence, handler, args)`` (no sleeping; equal times in the order
 they were scheduled). The events: job arrivals, fault precursors and faults, a person
 noticing, repairs, planned maintenance, checkpoint answers, the ends of generations
-(finish, a crash on a broken node, a hang timeout), resubmissions (static) and the
-queue passes (coalesced: at most one every ``policy.pass_interval_s``, only after the
-queue or the capacity changed).
+(finish, a crash on a broken node, a hang timeout), resubmissions (static), stragglers
+(a node slowing down, its slowdown ending, the detector's verdict) and the queue passes
+(coalesced: at most one every ``policy.pass_interval_s``, only after the queue or the
+capacity changed).
+
+Stragglers (docs/twin.md "Stragglers"): a fail-slow node slows every generation running
+on it to its pace (:class:`~metalguard.twin.jobs.Generation`'s clock) until it clears by
+itself, its node is repaired, or the generation ends. With ``straggler_detection`` the
+detector's verdict comes ``straggler_delay_s`` after the slowdown (or after a slowed
+generation's restart) for a job of 2 nodes or more whose node is at least the threshold
+slower: the node is marked (``decide_stragglers``: SUB_HEALTHY, no new work), and the job
+is moved off it (the job machine's ``World.moves_off``: a fresh checkpoint, a restart
+elsewhere) when :func:`metalguard.controller.core.stragglers.move_pays` says so, else it
+finishes slowed. A marked node whose last job ended drains (MAINTENANCE) and is repaired.
 
 The real code: every job's ``JobStatus`` is changed only by
 :mod:`metalguard.controller.jobs.machine` (``submitted``, ``placed``, ``preempt``,
@@ -28,9 +39,10 @@ from typing import Any, Protocol
 
 import msgspec
 
+from metalguard.controller.core import stragglers as detector
 from metalguard.controller.core.lifecycle_model import OUT_OF_SERVICE
-from metalguard.controller.jobs import machine, scheduler
-from metalguard.controller.jobs.machine import Step, World
+from metalguard.controller.jobs import machine, scheduler, straggler_watch
+from metalguard.controller.jobs.machine import MoveOff, Step, World
 from metalguard.controller.jobs.scheduler import (
     FleetIndex,
     FleetNode,
@@ -39,8 +51,9 @@ from metalguard.controller.jobs.scheduler import (
     RunningJob,
     request_from_job,
 )
+from metalguard.proto.base import Reason
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
-from metalguard.twin.failures import draw_faults, draw_planned
+from metalguard.twin.failures import draw_faults, draw_planned, draw_stragglers
 from metalguard.twin.health import HealthModel
 from metalguard.twin.jobs import Generation, TwinJob, reached_offset
 from metalguard.twin.metrics import FleetMeter, kept_progress, outcome_record
@@ -50,6 +63,7 @@ from metalguard.twin.model import (
     JobSpec,
     PlannedMaintenance,
     Policy,
+    Straggler,
     TwinInputs,
     TwinResult,
 )
@@ -96,6 +110,10 @@ class Health(Protocol):
 
     def repaired(self, handle: str, now: float) -> Sequence[GradeChangeLike]: ...
 
+    def straggler(
+        self, handle: str, evidence: Reason, until: float, now: float
+    ) -> Sequence[GradeChangeLike]: ...
+
 
 def run(inputs: TwinInputs, policy: Policy, *, sample_s: float | None = None) -> TwinResult:
     """Simulate ``inputs`` under ``policy``: faults and planned maintenance drawn from the
@@ -106,9 +124,21 @@ def run(inputs: TwinInputs, policy: Policy, *, sample_s: float | None = None) ->
     planned = draw_planned(
         inputs.failures, inputs.nodes, inputs.days, random.Random(f"{inputs.seed}:planned")
     )
+    stragglers = draw_stragglers(
+        inputs.failures.stragglers,
+        inputs.nodes,
+        inputs.days,
+        random.Random(f"{inputs.seed}:stragglers"),
+    )
     health = HealthModel(inputs.nodes, policy)
     engine = Engine(
-        inputs, policy, faults=faults, planned=planned, health=health, sample_s=sample_s
+        inputs,
+        policy,
+        faults=faults,
+        planned=planned,
+        stragglers=stragglers,
+        health=health,
+        sample_s=sample_s,
     )
     return engine.run()
 
@@ -124,6 +154,7 @@ class Engine:
         *,
         faults: Sequence[Fault],
         planned: Sequence[PlannedMaintenance] = (),
+        stragglers: Sequence[Straggler] = (),
         health: Health,
         sample_s: float | None = None,
         kept: bool = True,
@@ -132,6 +163,7 @@ class Engine:
         self.policy = policy
         self.faults = tuple(faults)
         self.planned = tuple(planned)
+        self.stragglers = tuple(stragglers)
         self.health = health
         self.end = inputs.days * DAY_S
         self.now = 0.0
@@ -184,6 +216,13 @@ class Engine:
         self.draining: dict[str, Fault] = {}
         """SUB_HEALTHY nodes on a precursor, their jobs running to their end (or to the
         lifecycle's drain limit): node -> the fault to come."""
+        self.slow: dict[str, Straggler] = {}
+        """Nodes slowed now: node -> its fail-slow episode."""
+        self.marked: dict[str, Straggler] = {}
+        """Nodes the detector marked (SUB_HEALTHY), not yet drained: node -> episode."""
+        self.moves_off: dict[str, MoveOff] = {}
+        """The job manager's planned moves off a straggler, by attempt id, until begun."""
+        self.detect = policy.straggler_detection and policy.auto_isolation
         health.running = self._running_on
         self._pass_at: float | None = None
         self._last_pass = -math.inf
@@ -207,6 +246,8 @@ class Engine:
             self._at(f.at_s, self._fault, f)
         for pm in self.planned:
             self._at(pm.at_s, self._planned, pm)
+        for sg in self.stragglers:
+            self._at(sg.at_s, self._straggle, sg)
         heap, end = self._heap, self.end
         while heap and heap[0][0] <= end:
             t, _, fn, args = heapq.heappop(heap)
@@ -236,6 +277,7 @@ class Engine:
             timeline=timeline,
             events=self.events,
             decisions={k: decisions[k] for k in sorted(decisions)},
+            stragglers=self.stragglers,
         )
 
     # --- jobs: the machine and the agents --------------------------------------------------
@@ -267,6 +309,13 @@ class Engine:
             g = tj.open_gen(self.now)
             if tj.first_start_s is None:
                 tj.first_start_s = self.now
+            if self.slow:  # started on a straggler: its pace from the start
+                pace = self._pace_of(g.nodes)
+                if pace != 1.0:
+                    g.set_pace(self.now, pace)
+                    self.counts["straggler:slowed_generations"] += 1
+                    for node in sorted({n for n in g.nodes if n in self.slow}):
+                        self._watch(tj, g, self.slow[node])
             self._at(tj.finish_at(g), self._finish, tj, g)
             rs = tj.spec.restart_cost_s
             for node in g.nodes:
@@ -283,7 +332,13 @@ class Engine:
                 break
             if st.state == "running" and st.move is None:
                 tj.report(now)
-            world = World(now=now, grades=self.grades, replies=tj.replies, timings=tj.timings)
+            world = World(
+                now=now,
+                grades=self.grades,
+                replies=tj.replies,
+                timings=tj.timings,
+                moves_off=self.moves_off,
+            )
             step = machine.advance(tj.status, world)
             self._apply(tj, step)
             again, later, ckpt_step = tj.answer(step.sends, now)
@@ -295,6 +350,11 @@ class Engine:
                 break
         if tj.status.move is None and tj.replies:
             tj.replies = {}  # a move's answers are never asked again (ids per generation)
+        off = self.moves_off.get(tj.job.job_id)
+        if off is not None:
+            st = tj.status
+            if st.move is not None or st.generation != off.generation or st.state != "running":
+                del self.moves_off[tj.job.job_id]  # begun, or overtaken
         self._sync(tj)
 
     def _drive_all(self, jobs: Iterable[TwinJob]) -> None:
@@ -364,7 +424,7 @@ class Engine:
                 if not on:
                     del self.jobs_on[h]
                     self._recount(h)
-                if h in self.draining:
+                if h in self.draining or h in self.marked:
                     self._at(self.now, self._count_changed, h)
         self.holders.pop(aid, None)
         tj.held, tj.gpus_held = (), 0
@@ -384,6 +444,8 @@ class Engine:
         st = tj.status
         if tj.live_gen() is not gen or gen.frozen_at is not None:
             return
+        if gen.anchors and tj.finish_at(gen) > self.now:
+            return  # its pace changed since: a later finish is on the heap
         if st.state != "running" or st.move is not None:
             return
         tj.report(self.now)
@@ -484,10 +546,10 @@ class Engine:
         timeout = tj.job.hang_timeout or 0.0  # the twin's jobs set it (0: off)
         if timeout > 0:  # the machine's hang timeout will see it
             s = tj.spec
-            elapsed = self.now - g.t0
-            off = reached_offset(elapsed, s.restart_cost_s, s.checkpoint_interval_s,
+            own = g.clock(self.now)
+            off = reached_offset(own, s.restart_cost_s, s.checkpoint_interval_s,
                                  s.checkpoint_cost_s)  # fmt: skip
-            due = g.t0 + off + timeout + HANG_MARGIN_S
+            due = g.wall(off) + timeout + HANG_MARGIN_S
             self._at(max(self.now, due), self._hang_check, tj, g)
         # a person notices a hang nothing else caught (no timeout; the machine watches
         # only members on HEALTHY and SUB_HEALTHY nodes) and kills the job
@@ -557,14 +619,20 @@ class Engine:
             self._drive_all(self._jobs_on(touched))
 
     def _count_changed(self, h: str) -> None:
-        """A draining node's count of jobs changed: the job manager's report; its last
-        job gone, the lifecycle drains it (MAINTENANCE)."""
+        """A draining (precursor) or marked (straggler) node's count of jobs changed: the
+        job manager's report; its last job gone, the lifecycle drains it (MAINTENANCE)."""
         f = self.draining.get(h)
-        if f is None or h in self.out or h in self.broken:
+        sg = self.marked.get(h)
+        if (f is None and sg is None) or h in self.out or h in self.broken:
             return
         touched = self._grades(self.health.report_running([h], self.now))
-        if self.nodes[h].grade in OUT_OF_SERVICE:
+        if self.nodes[h].grade not in OUT_OF_SERVICE:
+            return
+        if f is not None:
+            self.marked.pop(h, None)
             self._drained(h, f, touched)
+        elif sg is not None:
+            self._straggler_drained(h, sg, touched)
 
     def _running_on(self, h: str) -> int:
         """The node's count of unfinished job members (the attempts holding it)."""
@@ -591,12 +659,142 @@ class Engine:
 
     def _repaired(self, h: str) -> None:
         self.broken.pop(h, None)
+        self.marked.pop(h, None)
+        sg = self.slow.get(h)
+        if sg is not None:  # whatever brought the node in fixed its slowdown too
+            self._unstraggle(sg, "repaired")
         touched: list[str] = []
         if self.policy.auto_isolation:
             touched = self._grades(self.health.repaired(h, self.now))
         self.out.discard(h)
         self._refresh(h)
         self._drive_all(self._jobs_on(touched))
+
+    # --- stragglers ----------------------------------------------------------------------
+
+    def _straggle(self, sg: Straggler) -> None:
+        """A node starts computing ``sg.slowdown`` slower: every generation on it slows to
+        its pace; it lasts ``sg.duration_s`` unless the node is repaired first."""
+        h = sg.node
+        if h in self.out or h in self.broken or h in self.slow:
+            self.counts["straggler:skipped"] += 1  # out of service, or slowed already
+            return
+        self.counts["straggler:episodes"] += 1
+        self.slow[h] = sg
+        self._at(self.now + sg.duration_s, self._unstraggle, sg, "cleared")
+        for tj, g in self._live_on(h):
+            if self._repace(tj, g):
+                self.counts["straggler:slowed_generations"] += 1
+            self._watch(tj, g, sg)
+
+    def _unstraggle(self, sg: Straggler, why: str) -> None:
+        """The slowdown ends (``cleared`` by itself or by hand, or ``repaired``)."""
+        h = sg.node
+        if self.slow.get(h) is not sg:
+            return
+        del self.slow[h]
+        self.counts[f"straggler:{why}"] += 1
+        for tj, g in self._live_on(h):
+            self._repace(tj, g)
+
+    def _pace_of(self, nodes: Iterable[str]) -> float:
+        """A synchronous job's pace on ``nodes``: its slowest node's."""
+        worst = 0.0
+        for n in nodes:
+            sg = self.slow.get(n)
+            if sg is not None and sg.slowdown > worst:
+                worst = sg.slowdown
+        return 1.0 + worst
+
+    def _repace(self, tj: TwinJob, g: Generation) -> bool:
+        """Bring a generation to its nodes' pace now (a stopped one keeps what it did);
+        its finish moves with it. Whether the pace changed."""
+        if g.frozen_at is not None or g.finished or g.closed:
+            return False
+        pace = self._pace_of(g.nodes)
+        if pace == g.pace:
+            return False
+        g.set_pace(self.now, pace)
+        self._at(tj.finish_at(g), self._finish, tj, g)
+        return True
+
+    def _watch(self, tj: TwinJob, g: Generation, sg: Straggler) -> None:
+        """The detector's verdict on ``sg``'s node in this generation, when it will come:
+        its ranks are compared with their peers on the job's other nodes (2 nodes or
+        more), from the first windows after the restart's warm-up, and a node at least
+        the threshold slower for the persistence windows is named."""
+        p = self.policy
+        if not self.detect or len(g.nodes) < detector.MIN_PEERS:
+            return
+        if sg.slowdown < p.straggler_threshold:
+            self.counts["straggler:below_threshold"] += 1
+            return
+        since = max(self.now, g.wall(tj.spec.restart_cost_s))
+        self._at(since + p.straggler_delay_s, self._detected, sg, tj, g)
+
+    def _detected(self, sg: Straggler, tj: TwinJob, g: Generation) -> None:
+        """The detector names ``sg``'s node in ``tj``'s generation: the node is marked
+        (SUB_HEALTHY, no new work) and the job moved off it when that pays (``move_pays``:
+        slowdown x remaining run time > restart cost + lost work, with the job manager's
+        figures: the remaining work at the measured, slowed step time, and the time since
+        the last checkpoint), else it finishes where it is, slowed."""
+        h = sg.node
+        st = tj.status
+        if self.slow.get(h) is not sg or tj.live_gen() is not g or g.frozen_at is not None:
+            return
+        if st.state != "running" or st.move is not None or h not in g.nodes:
+            return
+        p = self.policy
+        touched: list[str] = []
+        if self.marked.get(h) is not sg:
+            evidence = Reason(
+                signal="jobs.straggler",
+                value=round(sg.slowdown, 3),
+                threshold=p.straggler_threshold,
+                rule="straggler",
+                message=(
+                    f"{sg.slowdown:.0%} slower than its peers in job {tj.spec.job_id} for "
+                    f"{p.straggler_persistence} windows of {p.straggler_window_s:g} s"
+                ),
+            )
+            until = self.now + p.straggler_hold_s
+            touched = self._grades(self.health.straggler(h, evidence, until, self.now))
+            self.marked[h] = sg
+            self.counts["straggler:detected"] += 1
+        s = tj.spec
+        tj.report(self.now)  # the steps and checkpoint the job manager has heard of
+        # straggler_watch.remaining_s: the steps still to do (a step is a second of work at
+        # the job's own pace) x the measured step time (slowed: its pace)
+        remaining = (s.work_s - tj.progress(self.now)) * g.pace
+        # the most a move may redo (it asks a fresh checkpoint first: in the twin, nothing)
+        lost = straggler_watch.lost_work_s(tj.status, self.now)
+        if detector.move_pays(sg.slowdown, remaining, s.restart_cost_s, lost):
+            self.moves_off[tj.job.job_id] = MoveOff(
+                generation=st.generation,
+                nodes=(h,),
+                cause="straggler",
+                why=(
+                    f"straggler {h}: {sg.slowdown:.0%} slower x {remaining:.0f} s to go > "
+                    f"restart {s.restart_cost_s:g} s + {lost:.0f} s since the last checkpoint"
+                ),
+            )
+            if not g.cause:
+                g.cause = "straggler"
+            tj.straggler_moves += 1
+            tj.straggler_move_s += s.checkpoint_cost_s + s.restart_cost_s
+            self.counts["straggler:moved"] += 1
+        else:
+            self.counts["straggler:kept"] += 1
+        self._drive_all([tj, *self._jobs_on(touched)])
+
+    def _straggler_drained(self, h: str, sg: Straggler, touched: Sequence[str] = ()) -> None:
+        """A marked node's last job ended: the lifecycle drained it (MAINTENANCE); it is
+        repaired (``sg.repair_s``) and delivered back."""
+        self.marked.pop(h, None)
+        self.counts["straggler:drained"] += 1
+        self._take_out(h)
+        self._at(self.now + sg.repair_s + self.policy.delivery_s, self._repaired, h)
+        self._drive_all(self._jobs_on([h, *touched]))
 
     def _take_out(self, h: str) -> None:
         if h not in self.out:

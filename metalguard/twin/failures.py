@@ -19,6 +19,19 @@ File format (TOML; ``data/llama3.toml`` is the default and an example)::
 A distribution is ``{kind = "fixed" | "exponential" | "lognormal", mean_s = S, sigma =
 X}``: ``mean_s`` is the mean (fixed, exponential) or the median (lognormal); ``sigma``
 (lognormal only, default 1) its shape.
+
+Stragglers (fail-slow nodes: slower, not failed) are optional; a ``[stragglers]`` table
+turns them on, every key defaulting to :mod:`.model`'s ``DEFAULT_STRAGGLER_*`` and
+``DEFAULT_SLOWDOWN`` (docs/twin.md "Stragglers")::
+
+    [stragglers]
+    rate_per_node_day = 0.002          # episodes per node-day
+    duration = {kind = "lognormal", mean_s = 3600, sigma = 1.0}   # if nothing acts
+    repair = {kind = "lognormal", mean_s = 7200, sigma = 0.5}     # once drained for it
+    [stragglers.slowdown]              # 0.2: 20 % slower
+    kind = "discrete"                  # or "fixed" (value = 0.2), or "lognormal"
+    values = [0.05, 0.1, 0.2, 0.3, 0.4, 0.6]   # (median, sigma, min, max)
+    weights = [10, 15, 20, 20, 20, 15]
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from metalguard.controller.jobs.scheduler import FleetNode
 from metalguard.twin.errors import TwinInputError, read_toml
 from metalguard.twin.model import (
     DAY_S,
+    DEFAULT_STRAGGLER_RATE_PER_NODE_DAY,
     Distribution,
     FailureCause,
     FailureModel,
@@ -43,6 +57,9 @@ from metalguard.twin.model import (
     FaultKind,
     PlannedMaintenance,
     Signal,
+    Slowdown,
+    Straggler,
+    StragglerModel,
 )
 
 DEFAULT_FAILURES_PATH = Path(__file__).parent / "data" / "llama3.toml"
@@ -58,7 +75,10 @@ KINDS: tuple[str, ...] = get_args(FaultKind)
 SIGNALS: tuple[str, ...] = get_args(Signal)
 DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
 
-_TOP_KEYS = ("total_rate_per_node_day", "planned", "causes")
+_TOP_KEYS = ("total_rate_per_node_day", "planned", "causes", "stragglers")
+_STRAGGLER_KEYS = ("rate_per_node_day", "slowdown", "duration", "repair")
+_SLOWDOWN_KEYS = ("kind", "value", "values", "weights", "median", "sigma", "min", "max")
+SLOWDOWN_KINDS = ("discrete", "fixed", "lognormal")
 _PLANNED_KEYS = ("rate_per_node_day", "duration")
 _CAUSE_KEYS = (
     "share",
@@ -127,6 +147,80 @@ class _File:
         sigma = self.number(table.get("sigma", 1.0), f"{key}.sigma")
         return Distribution(kind, mean, sigma)  # type: ignore[arg-type]
 
+    def numbers(self, value: object, key: str) -> tuple[float, ...]:
+        if not isinstance(value, list) or not value:
+            raise self.error(key, f"{value!r} is not a non-empty list of numbers")
+        return tuple(self.number(v, f"{key}[{i}]") for i, v in enumerate(value))
+
+    def slowdown(self, value: object, key: str) -> Slowdown:
+        """A slowdown distribution (the module docstring has the forms)."""
+        table = self.table(value, key, _SLOWDOWN_KEYS)
+        kind = self.choice(table.get("kind", "discrete"), f"{key}.kind", SLOWDOWN_KINDS)
+        allowed = {
+            "fixed": ("kind", "value"),
+            "discrete": ("kind", "values", "weights"),
+            "lognormal": ("kind", "median", "sigma", "min", "max"),
+        }[kind]
+        for k in table:
+            if k not in allowed:
+                raise self.error(f"{key}.{k}", f"not a key of a {kind} slowdown")
+        if kind == "fixed":
+            if "value" not in table:
+                raise self.error(f"{key}.value", "missing")
+            return Slowdown("fixed", (self.number(table["value"], f"{key}.value"),), (1.0,))
+        if kind == "discrete":
+            if "values" not in table:
+                raise self.error(f"{key}.values", "missing")
+            values = self.numbers(table["values"], f"{key}.values")
+            weights = (
+                self.numbers(table["weights"], f"{key}.weights")
+                if "weights" in table
+                else (1.0,) * len(values)
+            )
+            if len(weights) != len(values):
+                raise self.error(
+                    f"{key}.weights", f"{len(weights)} weights for {len(values)} values"
+                )
+            if math.fsum(weights) <= 0:
+                raise self.error(f"{key}.weights", "they sum to 0")
+            return Slowdown("discrete", values, weights)
+        if "median" not in table:
+            raise self.error(f"{key}.median", "missing")
+        median = self.number(table["median"], f"{key}.median")
+        sigma = self.number(table.get("sigma", 0.5), f"{key}.sigma")
+        low = self.number(table.get("min", 0.0), f"{key}.min")
+        high = self.number(table.get("max", 1.0), f"{key}.max")
+        if low > high:
+            raise self.error(f"{key}.min", f"{low:g} is above max {high:g}")
+        return Slowdown("lognormal", median=median, sigma=sigma, low=low, high=high)
+
+    def stragglers(self, value: object, key: str) -> StragglerModel:
+        """The ``[stragglers]`` table: every key defaults to the model's defaults."""
+        table = self.table(value, key, _STRAGGLER_KEYS)
+        default = StragglerModel()
+        rate = self.number(
+            table.get("rate_per_node_day", DEFAULT_STRAGGLER_RATE_PER_NODE_DAY),
+            f"{key}.rate_per_node_day",
+        )
+        return StragglerModel(
+            rate_per_node_day=rate,
+            slowdown=(
+                self.slowdown(table["slowdown"], f"{key}.slowdown")
+                if "slowdown" in table
+                else default.slowdown
+            ),
+            duration=(
+                self.distribution(table["duration"], f"{key}.duration")
+                if "duration" in table
+                else default.duration
+            ),
+            repair=(
+                self.distribution(table["repair"], f"{key}.repair")
+                if "repair" in table
+                else default.repair
+            ),
+        )
+
 
 def load_failure_model(
     path: str | Path, *, total_rate_per_node_day: float | None = None, source: str = ""
@@ -144,6 +238,9 @@ def load_failure_model(
     f = _File(name)
     data = read_toml(path)
     top = f.table(data, "", _TOP_KEYS)
+    stragglers = (
+        f.stragglers(top["stragglers"], "stragglers") if "stragglers" in top else StragglerModel()
+    )
     total: float | None = None
     if "total_rate_per_node_day" in top:
         total = f.number(top["total_rate_per_node_day"], "total_rate_per_node_day")
@@ -222,6 +319,7 @@ def load_failure_model(
         planned_rate_per_node_day=planned_rate,
         planned_duration=planned_duration,
         source=source or name,
+        stragglers=stragglers,
     )
 
 
@@ -322,6 +420,59 @@ def draw_planned(
     return tuple(out)
 
 
+def sample_slowdown(dist: Slowdown, rng: random.Random) -> float:
+    """One draw of a slowdown (>= 0)."""
+    if dist.kind == "lognormal":
+        value = dist.median * math.exp(dist.sigma * rng.normalvariate(0.0, 1.0))
+        return min(max(value, dist.low), dist.high)
+    if len(dist.values) == 1:
+        return dist.values[0]
+    cumulative = list(itertools.accumulate(dist.weights))
+    at = bisect.bisect_right(cumulative, rng.random() * cumulative[-1])
+    return dist.values[min(at, len(dist.values) - 1)]
+
+
+def draw_stragglers(
+    model: StragglerModel, nodes: Sequence[NodeLike], days: float, rng: random.Random
+) -> tuple[Straggler, ...]:
+    """One run's fail-slow episodes: a Poisson process of ``rate_per_node_day`` per node
+    (exponential gaps over all nodes, the node uniformly), each with its slowdown, how long
+    it lasts if nothing acts on it and its repair; sorted by time, ids 1, 2, ... Drawn
+    from their own ``rng`` (``<seed>:stragglers``): the faults are the same with or
+    without them."""
+    handles = _handles(nodes)
+    horizon = days * DAY_S
+    rate = model.rate_per_node_day
+    if not handles or rate <= 0 or horizon <= 0:
+        return ()
+    per_s = rate * len(handles) / DAY_S
+    out: list[Straggler] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(per_s)
+        if t >= horizon:
+            break
+        node = handles[rng.randrange(len(handles))]
+        out.append(
+            Straggler(
+                straggler_id=len(out) + 1,
+                node=node,
+                at_s=t,
+                slowdown=sample_slowdown(model.slowdown, rng),
+                duration_s=sample(model.duration, rng),
+                repair_s=sample(model.repair, rng),
+            )
+        )
+    return tuple(out)
+
+
+def with_straggler_rate(model: FailureModel, rate_per_node_day: float) -> FailureModel:
+    """``model`` with its stragglers at ``rate_per_node_day`` (the default slowdown,
+    duration and repair where the model had no ``[stragglers]``)."""
+    stragglers = dataclasses.replace(model.stragglers, rate_per_node_day=rate_per_node_day)
+    return dataclasses.replace(model, stragglers=stragglers)
+
+
 # --- for the report -------------------------------------------------------------------
 
 
@@ -333,12 +484,35 @@ def distribution_dict(dist: Distribution) -> dict[str, object]:
     return out
 
 
+def slowdown_dict(dist: Slowdown) -> dict[str, object]:
+    """A slowdown distribution as plain JSON values, with its mean."""
+    out: dict[str, object] = {"kind": dist.kind, "mean": dist.mean}
+    if dist.kind == "lognormal":
+        out.update(median=dist.median, sigma=dist.sigma, min=dist.low, max=dist.high)
+    elif dist.kind == "fixed":
+        out["value"] = dist.values[0]
+    else:
+        out.update(values=list(dist.values), weights=list(dist.weights))
+    return out
+
+
+def stragglers_dict(model: StragglerModel) -> dict[str, object]:
+    """The straggler model as plain JSON values."""
+    return {
+        "rate_per_node_day": model.rate_per_node_day,
+        "slowdown": slowdown_dict(model.slowdown),
+        "duration": distribution_dict(model.duration),
+        "repair": distribution_dict(model.repair),
+    }
+
+
 def model_dict(model: FailureModel) -> dict[str, object]:
-    """The model as plain JSON values: source, totals, planned maintenance, and per
-    cause (by name) its rate, share of the total, kind, signal, precursor fraction,
-    lead time and repair."""
+    """The model as plain JSON values: source, totals, planned maintenance, per cause (by
+    name) its rate, share of the total, kind, signal, precursor fraction, lead time and
+    repair, and the stragglers."""
     total = model.total_rate_per_node_day
     return {
+        "stragglers": stragglers_dict(model.stragglers),
         "source": model.source,
         "total_rate_per_node_day": total,
         "planned_rate_per_node_day": model.planned_rate_per_node_day,

@@ -26,6 +26,7 @@ from metalguard.controller.core.decide import (
     decide_operator,
     decide_running,
     decide_silence,
+    decide_stragglers,
     event_input,
 )
 from metalguard.controller.core.grades import worst_grade
@@ -45,7 +46,7 @@ from metalguard.controller.core.scoring.engine import (
 )
 from metalguard.controller.core.topology import fleet_node
 from metalguard.controller.jobs.scheduler import FleetNode
-from metalguard.proto.base import NodeIdentity
+from metalguard.proto.base import NodeIdentity, Reason
 from metalguard.proto.events import NodeEvent
 from metalguard.proto.nodes import NodeRecord, RailState
 from metalguard.proto.telemetry import TelemetryBatch
@@ -311,6 +312,21 @@ class HealthModel:
         st.clean = None
         return self._scored(st, report)[1]
 
+    def straggler(
+        self, handle: str, evidence: Reason, until: float, now: float
+    ) -> list[GradeChange]:
+        """The job manager's straggler mark (``decide_stragglers``): SUB_HEALTHY until
+        ``until`` (no new work, running jobs continue), whatever its telemetry says; a
+        node in a worse grade keeps it. Nothing without automatic isolation."""
+        if not self.policy.auto_isolation:
+            return []
+        st = self._touch(handle)
+        changes: list[GradeChange] = []
+        if handle not in self.records:  # the controller knows every node it was sent
+            changes += self._send(st, self._baseline(st, now))
+        outcome = decide_stragglers(self.records, {handle: evidence}, until, now, self.lifecycle)
+        return changes + self._apply(outcome, now)
+
     def drain(self, handle: str, now: float, reason: str) -> list[GradeChange]:
         """An operator's maintenance (a person, or the metalguard policy draining a
         sub-healthy node): MAINTENANCE, pinned until :meth:`repaired` uncordons it."""
@@ -320,8 +336,8 @@ class HealthModel:
 
     def repaired(self, handle: str, now: float) -> list[GradeChange]:
         """The node is back from repair: an operator's uncordon if it is held, in
-        maintenance or cordoned, then clean batches of its new part one interval apart
-        from ``now`` on, until the lifecycle says HEALTHY (a FAILING node needs
+        maintenance, cordoned or marked a straggler, then clean batches of its new part
+        one interval apart from ``now`` on, until the lifecycle says HEALTHY (a FAILING node needs
         ``clean_cycles_to_recover`` of them) or ``clean_cycles_to_recover + 2`` batches
         (``repaired_not_healthy``: the scorer's windows still hold the old readings)."""
         record = self.records.get(handle)
@@ -329,7 +345,7 @@ class HealthModel:
             return []
         st = self._nodes[handle]
         changes: list[GradeChange] = []
-        if record.held or record.maintenance or record.cordoned:
+        if record.held or record.maintenance or record.cordoned or record.straggler is not None:
             changes += self._operator(record, "uncordon", "repaired", now)
         st.generation += 1
         st.step = 0

@@ -8,6 +8,11 @@ piece: a job that finishes does not checkpoint). Steps are seconds of useful pro
 A generation's progress freezes when its processes stop making progress: a crash, a hang,
 a fresh checkpoint asked by a move (the move stops it right after), a stop.
 
+A straggler among a generation's nodes slows all of it (a synchronous job runs at its
+slowest node's pace): the generation keeps its own clock, which runs ``pace`` times
+slower than the wall (1 + the slowest node's slowdown), and the schedule above (restart,
+work, pauses) runs on that clock. Without a straggler the clock is the wall since ``t0``.
+
 The agents' answers to the machine's commands (docs/workloads.md): ``start`` and
 ``stop`` at once (ok); ``checkpoint`` after the job's checkpoint cost with the step
 reached, or refused at once when the processes are dead or hung.
@@ -142,6 +147,37 @@ class Generation:
     closed: bool = False
     cause: str = ""
     """What interrupted it (a fault's cause, a move's cause)."""
+    pace: float = 1.0
+    """Wall seconds per second of its own clock now: 1 + its slowest node's slowdown."""
+    anchors: list[tuple[float, float, float]] = field(default_factory=list)
+    """(wall, own clock, pace) at each change of pace, oldest first; none: pace 1 since
+    ``t0``."""
+
+    def clock(self, t: float) -> float:
+        """Its own clock at wall ``t``: seconds of its schedule (restart, work, checkpoint
+        pauses) behind it."""
+        for wall, own, pace in reversed(self.anchors):
+            if t >= wall:
+                return own + (t - wall) / pace
+        return t - self.t0
+
+    def wall(self, own: float) -> float:
+        """The wall time its own clock reads ``own`` (the inverse of :meth:`clock`)."""
+        for wall, at, pace in reversed(self.anchors):
+            if own >= at:
+                return wall + (own - at) * pace
+        return self.t0 + own
+
+    def set_pace(self, t: float, pace: float) -> None:
+        """From wall ``t`` on, its clock runs ``pace`` times slower than the wall."""
+        self.anchors.append((t, self.clock(t), pace))
+        self.pace = pace
+
+    def slowed(self, t: float) -> float:
+        """Wall seconds lost to a slower pace by wall ``t`` (0 at pace 1 throughout)."""
+        if not self.anchors:
+            return 0.0
+        return max(0.0, (t - self.t0) - self.clock(t))
 
 
 @dataclass(slots=True)
@@ -175,6 +211,10 @@ class TwinJob:
     planned: int = 0
     computed: float = 0.0
     """Progress computed by closed generations (kept or lost)."""
+    slowed_s: float = 0.0
+    """Wall seconds closed generations lost to stragglers (a slower pace)."""
+    straggler_moves: int = 0
+    straggler_move_s: float = 0.0
 
     @classmethod
     def submit(cls, spec: JobSpec, policy: Policy, now: float) -> tuple[TwinJob, machine.Step]:
@@ -213,7 +253,7 @@ class TwinJob:
             return 0.0
         s = self.spec
         t = now if g.frozen_at is None else min(now, g.frozen_at)
-        done = work_done(t - g.t0, s.restart_cost_s, s.checkpoint_interval_s, s.checkpoint_cost_s)
+        done = work_done(g.clock(t), s.restart_cost_s, s.checkpoint_interval_s, s.checkpoint_cost_s)
         return min(g.s0 + done, s.work_s)
 
     def periodic(self, now: float) -> CheckpointRef | None:
@@ -224,13 +264,12 @@ class TwinJob:
             return None
         t = now if g.frozen_at is None else min(now, g.frozen_at)
         rs, iv, cost = s.restart_cost_s, s.checkpoint_interval_s, s.checkpoint_cost_s
-        k = min(periodic_done(t - g.t0, rs, iv, cost), checkpoints_before(s.work_s - g.s0, iv))
+        k = min(periodic_done(g.clock(t), rs, iv, cost), checkpoints_before(s.work_s - g.s0, iv))
         if k < 1:
             return None
         step = int(g.s0 + k * iv)
-        return CheckpointRef(
-            path=f"twin://{self.spec.job_id}/step-{step}", step=step, ts=g.t0 + rs + k * (iv + cost)
-        )
+        ts = g.t0 + rs + k * (iv + cost) if not g.anchors else g.wall(rs + k * (iv + cost))
+        return CheckpointRef(path=f"twin://{self.spec.job_id}/step-{step}", step=step, ts=ts)
 
     def report(self, now: float) -> None:
         """What the members' agents have reported by ``now``: the last periodic checkpoint
@@ -254,7 +293,7 @@ class TwinJob:
         t = now if g.frozen_at is None else min(now, g.frozen_at)
         rs, iv, cost = s.restart_cost_s, s.checkpoint_interval_s, s.checkpoint_cost_s
         step = int(self.progress(now))
-        at = min(now, g.t0 + reached_offset(t - g.t0, rs, iv, cost))
+        at = min(now, g.wall(reached_offset(g.clock(t), rs, iv, cost)))
         rank0 = st.members[0]
         hangs = (self.job.hang_timeout or 0.0) > 0  # the twin's jobs set it (0: off)
         if hangs:
@@ -279,8 +318,8 @@ class TwinJob:
         """When ``g`` reaches the job's work if nothing stops it."""
         s = self.spec
         rest = s.work_s - g.s0
-        return g.t0 + wall_to_finish(rest, s.restart_cost_s, s.checkpoint_interval_s,
-                                     s.checkpoint_cost_s)  # fmt: skip
+        return g.wall(wall_to_finish(rest, s.restart_cost_s, s.checkpoint_interval_s,
+                                     s.checkpoint_cost_s))  # fmt: skip
 
     def freeze(self, now: float, cause: str) -> None:
         """The current generation stops making progress now (first cause wins)."""
@@ -303,6 +342,7 @@ class TwinJob:
             g.frozen_at = now
         g.closed = True
         self.computed += max(0.0, self.progress(now) - g.s0)
+        self.slowed_s += g.slowed(now if g.frozen_at is None else min(now, g.frozen_at))
         if g.finished:
             return None
         if g.crashed or g.hung:
@@ -320,6 +360,8 @@ class TwinJob:
         if g.frozen_at is None or g.finished:
             g.closed = True
             self.computed += max(0.0, self.progress(end_s) - g.s0)
+            t = end_s if g.frozen_at is None else min(end_s, g.frozen_at)
+            self.slowed_s += g.slowed(t)
             return None
         return self.close_gen(end_s)
 

@@ -84,7 +84,8 @@ def kept_progress(tj: TwinJob, end_s: float) -> float:
         if s.checkpoint_interval_s > 0:  # the periodic one it had when it died
             t = g.frozen_at if g.frozen_at is not None else end_s
             rs, iv, cost = s.restart_cost_s, s.checkpoint_interval_s, s.checkpoint_cost_s
-            k = min(periodic_done(t - g.t0, rs, iv, cost), checkpoints_before(s.work_s - g.s0, iv))
+            done = periodic_done(g.clock(t), rs, iv, cost)
+            k = min(done, checkpoints_before(s.work_s - g.s0, iv))
             best = st.last_checkpoint.step if st.last_checkpoint is not None else 0
             return float(max(best, int(g.s0 + k * iv)) if k >= 1 else best)
     ckpt = st.move.checkpoint if st.move is not None else st.last_checkpoint
@@ -121,4 +122,7 @@ def outcome_record(tj: TwinJob, end_s: float, done: float) -> JobOutcomeRecord:
         unplanned=tj.unplanned,
         planned=tj.planned,
         queue_wait_s=tuple(tj.waits),
+        slowed_s=tj.slowed_s,
+        straggler_moves=tj.straggler_moves,
+        straggler_move_s=tj.straggler_move_s,
     )

@@ -9,9 +9,11 @@ Times are simulated seconds from the start of the run (0.0).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from metalguard.controller.core import stragglers as straggler_detector
 from metalguard.controller.jobs.scheduler import FleetNode
 
 DAY_S = 86_400.0
@@ -93,6 +95,65 @@ class FailureCause:
 
 
 @dataclass(frozen=True, slots=True)
+class Slowdown:
+    """How much slower a fail-slow node computes (0.2: 20 % slower, the job's progress
+    rate divided by 1.2): ``discrete`` (``values`` with their ``weights``), ``fixed`` (one
+    value) or ``lognormal`` (median ``median``, shape ``sigma``, clipped to
+    [``low``, ``high``])."""
+
+    kind: Literal["fixed", "discrete", "lognormal"] = "discrete"
+    values: tuple[float, ...] = ()
+    weights: tuple[float, ...] = ()
+    median: float = 0.0
+    sigma: float = 0.0
+    low: float = 0.0
+    high: float = 1.0
+
+    @property
+    def mean(self) -> float:
+        """The distribution's mean (a lognormal's before its clipping)."""
+        if self.kind == "lognormal":
+            return self.median * math.exp(self.sigma**2 / 2)
+        total = sum(self.weights)
+        if not self.values or total <= 0:
+            return 0.0
+        return sum(v * w for v, w in zip(self.values, self.weights, strict=True)) / total
+
+
+DEFAULT_STRAGGLER_RATE_PER_NODE_DAY = 0.002
+"""Fail-slow episodes per node-day when a model asks for stragglers without a rate (an
+assumption, docs/twin.md "Stragglers": about half Llama 3's fail-stop rate; FALCON found
+fail-slows in 16 of 27 large jobs, which this rate gives a job of 64 nodes over a week:
+1 - exp(-0.002 x 448) = 0.59)."""
+DEFAULT_SLOWDOWN = Slowdown(
+    kind="discrete",
+    values=(0.05, 0.10, 0.20, 0.30, 0.40, 0.60),
+    weights=(10.0, 15.0, 20.0, 20.0, 20.0, 15.0),
+)
+"""5 % to 60 % slower, mean 0.29 (an assumption near FALCON's 1.34x average job
+completion time of the jobs it hit); a tenth below the detector's 8 % threshold."""
+DEFAULT_STRAGGLER_DURATION = Distribution("lognormal", 3600.0, 1.0)
+"""How long a fail-slow lasts when nothing acts on it (it clears, or a person finds it by
+hand): median 1 h, 1st-99th percentile 6 min-10 h (FALCON: "from tens of seconds to
+nearly ten hours")."""
+DEFAULT_STRAGGLER_REPAIR = Distribution("lognormal", 7200.0, 0.5)
+"""Hands-on repair of a node drained as a straggler (reseat a cable, a fan, reset the
+GPU clocks): median 2 h (an assumption)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerModel:
+    """Fail-slow nodes: a Poisson rate per node-day, each episode's slowdown, how long it
+    lasts when nothing acts on it, and the repair of a node drained for it. Rate 0 (the
+    default): none."""
+
+    rate_per_node_day: float = 0.0
+    slowdown: Slowdown = DEFAULT_SLOWDOWN
+    duration: Distribution = DEFAULT_STRAGGLER_DURATION
+    repair: Distribution = DEFAULT_STRAGGLER_REPAIR
+
+
+@dataclass(frozen=True, slots=True)
 class FailureModel:
     """Per-node-day fault rates by cause, and the planned maintenance rate."""
 
@@ -102,6 +163,8 @@ class FailureModel:
     planned_duration: Distribution = Distribution("fixed", 3600.0)
     source: str = ""
     """Where the model came from (a file path, or "llama3 (default)")."""
+    stragglers: StragglerModel = StragglerModel()
+    """Fail-slow nodes (none unless asked for: ``[stragglers]``, ``--straggler-rate``)."""
 
     @property
     def total_rate_per_node_day(self) -> float:
@@ -122,6 +185,19 @@ class Fault:
     signal: Signal
     precursor_at_s: float | None
     """When the precursor shows (None: no precursor, the fault comes unannounced)."""
+    repair_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    """One drawn fail-slow episode: a node computing ``slowdown`` slower from ``at_s`` for
+    ``duration_s`` (unless repaired sooner); ``repair_s`` if it is drained for it."""
+
+    straggler_id: int
+    node: str
+    at_s: float
+    slowdown: float
+    duration_s: float
     repair_s: float
 
 
@@ -163,6 +239,25 @@ class Policy:
     """Getting a repaired node back into service (reinstall, burn-in, handover)."""
     pass_interval_s: float = 30.0
     """Queue passes run at most this often (the job manager's pass)."""
+    straggler_detection: bool = False
+    """The job manager's straggler detector (controller/core/stragglers.py; needs
+    ``auto_isolation``): a node slower than its peers in a job of 2 nodes or more is
+    marked SUB_HEALTHY (no new work) and the job moved off it when that pays."""
+    straggler_window_s: float = 30.0
+    """Seconds over which each rank's step timings are batched (``timing_window_s``)."""
+    straggler_threshold: float = straggler_detector.DEFAULT_THRESHOLD
+    straggler_persistence: int = straggler_detector.DEFAULT_PERSISTENCE
+    straggler_warmup_windows: int = straggler_detector.DEFAULT_WARMUP_WINDOWS
+    straggler_hold_s: float = DAY_S
+    """How long a straggler mark keeps the node SUB_HEALTHY (its repair ends it sooner):
+    the controller's ``[jobs] straggler_hold_s``."""
+
+    @property
+    def straggler_delay_s(self) -> float:
+        """From a slowdown (or a generation's start) to the detector's verdict: the warm-up
+        and persistence windows."""
+        windows = self.straggler_warmup_windows + self.straggler_persistence
+        return windows * self.straggler_window_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +298,13 @@ class JobOutcomeRecord:
     """Moves with notice: precursor drains, planned maintenance, preemptions."""
     queue_wait_s: tuple[float, ...]
     """Each wait in the queue: submit (or requeue) to placement."""
+    slowed_s: float = 0.0
+    """Wall seconds its progress lost to stragglers (it ran slower than its own pace)."""
+    straggler_moves: int = 0
+    """Moves off a straggler (the detector's, when moving paid)."""
+    straggler_move_s: float = 0.0
+    """What those moves cost by the job's own costs: a fresh checkpoint and a restart
+    each (the wait in the queue not counted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,3 +336,5 @@ class TwinResult:
     decisions: dict[str, int] = field(default_factory=dict)
     """Counts of the real code's decisions (grade changes, rail holds, placements,
     preemptions, moves) for the report."""
+    stragglers: tuple[Straggler, ...] = ()
+    """Every fail-slow episode drawn for the run."""

@@ -80,6 +80,12 @@ METALGUARD: Final = Policy(
     # no reinstall (docs/provisioning.md; bench/provision_bench.py boots a node in ~11 s
     # under emulation, a real server's firmware POST adds minutes)
     delivery_s=12 * MINUTE_S,
+    # the job manager's straggler detector (controller/core/stragglers.py: 8 % slower than
+    # its peers for 4 windows after 1 warm-up window; 30 s windows, the jobs' default
+    # timing_window_s): the node is marked SUB_HEALTHY, the job moved off it when that
+    # pays (move_pays); static and reactive have no detector (a fail-slow slows its jobs
+    # until it clears or a person finds it)
+    straggler_detection=True,
 )
 
 POLICIES: Final[dict[PolicyName, Policy]] = {

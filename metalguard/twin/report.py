@@ -73,6 +73,7 @@ def build_report(result: TwinResult) -> dict[str, Any]:
             "by_cause": interruptions_by_cause(result),
         },
         "interruptions_per_job_month": interruptions_per_job_month(jobs),
+        "stragglers": stragglers(result),
         "queue_wait_s": queue_wait(jobs),
         "jobs": job_counts(jobs),
         "failure_model": model_dict(inputs.failures),
@@ -112,6 +113,34 @@ def ettr(jobs: Iterable[JobOutcomeRecord], run_end_s: float) -> dict[str, Any]:
         "jobs_p90": percentile(per_job, 90),
         "gang_jobs_p50": percentile(gang, 50),
         "definition": ETTR_DEFINITION,
+    }
+
+
+STRAGGLER_PREFIX = "straggler:"
+
+
+def stragglers(result: TwinResult) -> dict[str, Any]:
+    """The ``stragglers`` section: what fail-slow nodes cost the jobs, with or without the
+    detector (``detection``): ``gpu_hours_slowed``, GPU-hours of slowed progress (each
+    job's wall seconds lost to a slower pace x its GPUs); ``moves`` off a straggler and
+    ``gpu_hours_moves``, what they cost by the jobs' own costs (a fresh checkpoint and a
+    restart each, x GPUs; the wait in the queue not counted); ``episodes`` drawn and
+    the engine's ``straggler:*`` counters (``decisions``)."""
+    policy = result.policy
+    detection = policy.straggler_detection and policy.auto_isolation
+    counters = {
+        key.removeprefix(STRAGGLER_PREFIX): value
+        for key, value in result.decisions.items()
+        if key.startswith(STRAGGLER_PREFIX)
+    }
+    return {
+        "detection": detection,
+        "detection_delay_s": policy.straggler_delay_s if detection else None,
+        "episodes": len(result.stragglers),
+        "gpu_hours_slowed": sum(j.slowed_s * j.gpus for j in result.jobs) / 3600,
+        "moves": sum(j.straggler_moves for j in result.jobs),
+        "gpu_hours_moves": sum(j.straggler_move_s * j.gpus for j in result.jobs) / 3600,
+        "decisions": dict(sorted(counters.items())),
     }
 
 
@@ -209,11 +238,25 @@ ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 """The rows of :func:`compare_table`: label, the key path in the report, the format."""
 
 
+STRAGGLER_ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("straggler episodes", ("stragglers", "episodes"), "int"),
+    ("straggler GPU-hours slowed", ("stragglers", "gpu_hours_slowed"), "int"),
+    ("straggler moves", ("stragglers", "moves"), "int"),
+    ("straggler GPU-hours moves", ("stragglers", "gpu_hours_moves"), "int"),
+)
+"""Rows added to :func:`compare_table` when a run had stragglers."""
+
+
 def compare_table(reports: Sequence[Mapping[str, Any]]) -> str:
-    """One text table: a row per measure, a column per report (headed by its policy)."""
+    """One text table: a row per measure, a column per report (headed by its policy);
+    the straggler rows only when a run had stragglers."""
     headers = ["", *(str(r["policy"]) for r in reports)]
+    rows_spec = ROWS
+    if any(_lookup(r, ("stragglers", "episodes")) for r in reports):
+        rows_spec = (*ROWS, *STRAGGLER_ROWS)
     rows = [
-        [label, *(_format(_lookup(r, path), kind) for r in reports)] for label, path, kind in ROWS
+        [label, *(_format(_lookup(r, path), kind) for r in reports)]
+        for label, path, kind in rows_spec
     ]
     return table(headers, rows)
 

@@ -16,6 +16,7 @@ REPORT_KEYS = frozenset(
         "ettr",
         "interruptions",
         "interruptions_per_job_month",
+        "stragglers",
         "queue_wait_s",
         "jobs",
         "failure_model",

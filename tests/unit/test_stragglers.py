@@ -93,11 +93,44 @@ def test_without_roles_the_heavy_stage_would_be_blamed() -> None:
 
 
 def test_a_whole_job_slowdown_blames_no_node() -> None:
-    windows = [job()] * 3 + [job(scale=1.2)] * 5
+    # window 0 is warm-up, windows 1-4 set the baseline; then 1.2x for 5 windows
+    windows = [job()] * 5 + [job(scale=1.2)] * 5
     verdicts = run(windows)
     assert all(not v.suspects for v in verdicts)
+    reported = [i for i, v in enumerate(verdicts) if v.job_slowdown is not None]
+    assert reported == [8, 9]  # after the persistence, like a node
     assert verdicts[-1].job_slowdown is not None
     assert abs(verdicts[-1].job_slowdown - 0.2) < 1e-9
+
+
+def test_a_whole_job_slowdown_needs_the_persistence_and_a_steady_baseline() -> None:
+    """One slow window of the whole job (the data) is not a slowdown; nor is a baseline
+    set by one fast window: it is the median of the first ``persistence`` windows."""
+    fast, slow = job(scale=0.85), job(scale=1.2)
+    verdicts = run([job(), fast, job(), job(), job(), slow, job(), slow, job(), job()])
+    assert all(v.job_slowdown is None and not v.suspects for v in verdicts)
+
+
+def test_one_window_under_the_threshold_does_not_start_the_count_again() -> None:
+    """A 10 % straggler measured at 7 % in one window (a window's median is noisy) is
+    named on time: the streak holds above 3/4 of the threshold, the average decides."""
+    slow, dip = job(slow={"n5": 0.10}), job(slow={"n5": 0.07})
+    verdicts = run([slow, slow, dip, slow, slow, slow])
+    named = [i for i, v in enumerate(verdicts) if v.suspects]
+    assert named[0] == RULES.warmup_windows + RULES.persistence - 1
+    (suspect,) = verdicts[4].suspects
+    assert suspect.node == "n5"
+    assert abs(suspect.slowdown - (0.10 + 0.07 + 0.10 + 0.10) / 4) < 1e-9  # the average
+
+
+def test_a_node_below_the_threshold_on_average_is_not_named() -> None:
+    """5 % slower, now and then a window over 8 %: below the threshold on average."""
+    low, high = job(slow={"n2": 0.05}), job(slow={"n2": 0.09})
+    verdicts = run([low, low, high, low, low, high, low, low, low, high] * 2)
+    assert all(not v.suspects for v in verdicts)
+    # and one window under 3/4 of the threshold starts the count again
+    slow, fine = job(slow={"n2": 0.2}), job(slow={"n2": 0.03})
+    assert all(not v.suspects for v in run([slow, slow, slow, fine, slow, slow, slow]))
 
 
 def test_an_intermittent_slowness_and_a_restart_start_over() -> None:

@@ -50,6 +50,7 @@ KNOWN_KINDS: tuple[str, ...] = (
     "gpu_remap_pending",
     "kmsg",
     "iommu_shared",
+    "straggler",
 )
 GPU_XIDS: dict[str, int] = {
     "gpu_xid_app": 13,
@@ -285,6 +286,37 @@ def _pick(items: tuple[str, ...], what: str, rng: random.Random) -> str:
     return rng.choice(items)
 
 
+STRAGGLER_FILE = "straggler"
+"""A simulated node's hardware slowdown: the factor its training processes compute at
+(examples/trainer.py ``--slow-file``; the demo's trainer jobs read it)."""
+DEFAULT_SLOWDOWN = 0.3
+
+
+@dataclass(slots=True)
+class Slowdown:
+    """A node computing slower until ``until`` (None: to the end), then not."""
+
+    path: Path
+    until: float | None
+
+    def step(self, now: float) -> bool:
+        """True once it is over (the file removed)."""
+        if self.until is None or now < self.until:
+            return False
+        self.path.unlink(missing_ok=True)
+        return True
+
+
+def _straggler(tree: NodeTree, slowdown: float, until: float | None) -> Applied:
+    """The node slows its workload by ``slowdown`` without any error (a NIC at half its
+    rate, a GPU in a slowdown the telemetry does not show)."""
+    path = tree.root / STRAGGLER_FILE
+    write_atomic(path, f"{1.0 + slowdown:g}\n")
+    lasts = "" if until is None else f" until t={until:.0f}"
+    return Applied("straggler", f"its workload computes {slowdown:.0%} slower{lasts}",
+                   Slowdown(path, until))  # fmt: skip
+
+
 KMSG_FILE = "kmsg"
 """A simulated node's kernel log, in /dev/kmsg's record format (its agent's
 ``[kmsg] path``)."""
@@ -439,6 +471,7 @@ def apply_fault(
     duration_s: float | None = None,
     now: float = 0.0,
     line: str = "",
+    slowdown: float | None = None,
 ) -> Applied:
     """Make one fault happen in ``tree`` now; the device is chosen with ``rng``.
 
@@ -498,6 +531,9 @@ def apply_fault(
             return _kmsg(tree, line, n)
         case "iommu_shared":
             return _iommu_shared(tree, rng)
+        case "straggler":
+            until = None if duration_s is None else now + duration_s
+            return _straggler(tree, DEFAULT_SLOWDOWN if slowdown is None else slowdown, until)
         case "gpu_remap_pending":
             index = _gpu_index(tree, rng)
             gpus.change(gpus.state_dir(tree.root), index, remap_pending=1)

@@ -402,6 +402,7 @@ class SimFleet:
         count: int | None = None,
         duration_s: float | None = None,
         line: str = "",
+        slowdown: float | None = None,
     ) -> Applied:
         """Make fault ``kind`` happen on ``node`` now; stateful ones keep going on ticks."""
         if kind in RUNNER_KINDS:
@@ -416,6 +417,7 @@ class SimFleet:
                 duration_s=duration_s,
                 now=self._clock(),
                 line=line,
+                slowdown=slowdown,
             )
             if result.process is not None:
                 self.processes.setdefault(node, []).append(result.process)

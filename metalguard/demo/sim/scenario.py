@@ -65,6 +65,9 @@ class Fault(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     line: str = ""
     """``kind = "kmsg"``: the line the node's kernel logs (its simulated kernel log,
     which the node's agent reads as /dev/kmsg; docs/kmsg.md)."""
+    slowdown: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    """``kind = "straggler"``: how much slower the node's training processes compute
+    (0.3: 30 %; default 0.3), for ``duration_s`` (default: to the end)."""
 
 
 class ScenarioJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -84,6 +87,9 @@ class ScenarioJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     hang_timeout: Annotated[float, msgspec.Meta(ge=0)] | None = None
     """None: the job manager's default (docs/jobs.md); 0: off."""
     max_restarts: Annotated[int, msgspec.Meta(ge=0)] = 3
+    timing_window_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    """The window of the ranks' step timings (docs/jobs.md "Stragglers"); a demo packs
+    minutes into seconds and may shorten it."""
     region: str = ""
     """The region whose job manager runs it (``r2``); empty: the demo's first region."""
 
@@ -153,6 +159,11 @@ def _known_kinds(scenario: Scenario, source: str) -> Scenario:
                 + ("kind 'kmsg' needs the line to log" if fault.kind == "kmsg" else
                    f"only kind 'kmsg' takes a line, not {fault.kind!r}")
             )  # fmt: skip
+        if fault.slowdown is not None and fault.kind != "straggler":
+            raise ScenarioError(
+                f"{source}: fault[{i}].slowdown: only kind 'straggler' takes a slowdown, "
+                f"not {fault.kind!r}"
+            )
     return scenario
 
 

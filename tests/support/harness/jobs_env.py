@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ def trainer_module() -> ModuleType:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -145,6 +147,7 @@ class JobsEnv:
             self.nc, js, store, self.region.store, self.subjects, REGION, self.settings,
             fleet=self.region.topology.fleet, report_running=self.region.report_running,
             report_suspects=self.region.report_suspects,
+            report_stragglers=self.region.report_stragglers,
         )  # fmt: skip
         await self.manager.start()
 
@@ -191,7 +194,7 @@ async def jobs_env(
     manager = JobManager(
         nc, js, await JobStore.open(js, subjects), store, subjects, REGION, settings,
         fleet=region.topology.fleet, report_running=region.report_running,
-        report_suspects=region.report_suspects,
+        report_suspects=region.report_suspects, report_stragglers=region.report_stragglers,
     )  # fmt: skip
     remediation = Remediation(nc, js, store, subjects, REGION, tick_s=0.2, timeout_s=30.0)
     env = JobsEnv(
