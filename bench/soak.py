@@ -90,9 +90,11 @@ EXPECT: dict[str, str | None] = {
     **dict.fromkeys(GPU_KINDS),
     "agent_kill": "UNREACHABLE",
 }
-UNPLANNED = frozenset({"kmsg"})
+UNPLANNED = frozenset({"kmsg", "straggler"})
 """Kinds the soak does not draw: a kernel-log fault needs its line (the default scenario
-and tests/integration/test_kmsg_agent.py cover it)."""
+and tests/integration/test_kmsg_agent.py cover it); a straggler shows only through a
+running job's timings (the default scenario and tests/integration/test_demo_straggler.py
+cover it)."""
 assert set(EXPECT) | UNPLANNED == set(KNOWN_KINDS), "a fault kind the soak does not know"
 ROCE_KINDS = frozenset({"dcqcn_no_cnp"})
 """Kinds that need a RoCE node (racks k2, k4, ... of the demo's mixed fabric)."""

@@ -103,6 +103,11 @@ class Position:
         self.since_us = since_us if self.last is None else None
         self.last_ts_us = cursor.ts_us if cursor is not None and self.last is not None else 0
         self.counts = ReadCounts()
+        self.boundary: int | None = None
+        """The newest record's sequence number when the log was opened: a record after it
+        was written since, whatever its time stamp says (the records' clock runs tens of
+        milliseconds behind /proc/uptime on some machines, more after a suspend), so the
+        backfill window judges only the records that were there before."""
 
     def take(self, record: KmsgRecord) -> bool:
         """Whether ``record`` is new (counting the records lost before it)."""
@@ -113,7 +118,8 @@ class Position:
                 self.counts.lost += record.seq - self.last - 1
             self.last, self.last_ts_us = record.seq, record.ts_us
             return True
-        if self.since_us is not None and record.ts_us < self.since_us:
+        before_open = self.boundary is None or record.seq <= self.boundary
+        if self.since_us is not None and record.ts_us < self.since_us and before_open:
             self.counts.skipped_backfill += 1
             return False
         self.last, self.last_ts_us = record.seq, record.ts_us
@@ -126,6 +132,34 @@ class Position:
 
 
 OnRecords = Callable[[list[KmsgRecord]], None]
+
+
+def newest_seq(path: Path) -> int | None:
+    """The sequence number of the newest record in the kernel log device now (None: it is
+    empty or unreadable); read through a descriptor of its own."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    newest: int | None = None
+    try:
+        while True:
+            try:
+                raw = os.read(fd, READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno in (errno.EPIPE, errno.EINVAL):
+                    continue  # overwritten, or too large: the next one
+                break
+            if not raw:
+                break
+            head = raw.split(b";", 1)[0].split(b",")
+            with contextlib.suppress(IndexError, ValueError):
+                newest = int(head[1])
+    finally:
+        os.close(fd)
+    return newest
 
 
 class KmsgReader:
@@ -171,7 +205,10 @@ class KmsgReader:
         """Open the log (True: a character device, read in the loop's selector)."""
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         self._fd = fd
-        return stat.S_ISCHR(os.fstat(fd).st_mode)
+        device = stat.S_ISCHR(os.fstat(fd).st_mode)
+        if device and self.position.last is None:
+            self.position.boundary = newest_seq(self.path)
+        return device
 
     async def run(self) -> None:
         """Read until cancelled (the cursor is saved on the way out)."""

@@ -28,6 +28,17 @@ def test_a_first_start_reads_back_the_window_only() -> None:
     assert p.cursor == Cursor("boot-a", 4, 80_000_000)  # with its time: the journal goes on there
 
 
+def test_a_record_written_after_the_open_is_taken_whatever_its_time_stamp() -> None:
+    """The records' clock can run behind /proc/uptime (tens of ms on a VM, a suspend's
+    length on a laptop): a record newer than the log's newest at open is new, even when
+    its time stamp is before the window's start (it was not taken with backfill 0)."""
+    p = Position(None, "boot-a", since_us=50_000_000)
+    p.boundary = 2
+    taken = [p.take(_rec(s, ts)) for s, ts in ((1, 10.0), (2, 49.9), (3, 49.96), (4, 49.97))]
+    assert taken == [False, False, True, True]
+    assert p.counts.skipped_backfill == 2
+
+
 def test_the_same_boot_goes_on_after_the_cursor_and_counts_the_gap() -> None:
     p = Position(Cursor("boot-a", 10), "boot-a", since_us=10**12)
     assert [p.take(_rec(s)) for s in (9, 10, 11, 15, 15, 16)] == [
