@@ -360,15 +360,8 @@ class JobManager:
                 f"{lost.job_id}: {why}; the job runs on (an operator decides)",
                 attributes={"posture": lost.posture, "generation": lost.generation},
             )
-            try:
-                await self._js.publish(
-                    self._subjects.control(self.region, event.kind),
-                    encode(event),
-                    headers={"Nats-Msg-Id": event.event_id},
-                )
-            except NatsError as exc:  # the next pass announces it
-                log.warning("node.isolation_lost for %s not published: %s", lost.handle, exc)
-                continue
+            if not await self._announce(event):
+                continue  # the next pass announces it
             self._isolation_said[lost.event_id] = lost.job_id
             log.warning("%s", event.message)
 

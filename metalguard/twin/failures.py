@@ -41,7 +41,7 @@ import dataclasses
 import itertools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import get_args
 
@@ -402,22 +402,29 @@ def draw_planned(
     """One run's planned maintenance: a Poisson process of rate
     ``planned_rate_per_node_day`` per node (exponential gaps over all nodes, the node
     uniformly), each lasting a draw of ``planned_duration``; sorted by time."""
-    handles = _handles(nodes)
-    horizon = days * DAY_S
-    rate = model.planned_rate_per_node_day
-    if not handles or rate <= 0 or horizon <= 0:
-        return ()
-    per_s = rate * len(handles) / DAY_S
     out: list[PlannedMaintenance] = []
+    for t, node in _arrivals(_handles(nodes), model.planned_rate_per_node_day, days, rng):
+        duration = sample(model.planned_duration, rng)
+        out.append(PlannedMaintenance(node=node, at_s=t, duration_s=duration))
+    return tuple(out)
+
+
+def _arrivals(
+    handles: Sequence[str], rate_per_node_day: float, days: float, rng: random.Random
+) -> Iterator[tuple[float, str]]:
+    """A Poisson process of ``rate_per_node_day`` per node over ``days``: exponential
+    gaps over all nodes, the node uniformly; (time, node) in time order (the caller's
+    draws for each come between two arrivals' draws)."""
+    horizon = days * DAY_S
+    if not handles or rate_per_node_day <= 0 or horizon <= 0:
+        return
+    per_s = rate_per_node_day * len(handles) / DAY_S
     t = 0.0
     while True:
         t += rng.expovariate(per_s)
         if t >= horizon:
-            break
-        node = handles[rng.randrange(len(handles))]
-        duration = sample(model.planned_duration, rng)
-        out.append(PlannedMaintenance(node=node, at_s=t, duration_s=duration))
-    return tuple(out)
+            return
+        yield t, handles[rng.randrange(len(handles))]
 
 
 def sample_slowdown(dist: Slowdown, rng: random.Random) -> float:
@@ -440,19 +447,8 @@ def draw_stragglers(
     it lasts if nothing acts on it and its repair; sorted by time, ids 1, 2, ... Drawn
     from their own ``rng`` (``<seed>:stragglers``): the faults are the same with or
     without them."""
-    handles = _handles(nodes)
-    horizon = days * DAY_S
-    rate = model.rate_per_node_day
-    if not handles or rate <= 0 or horizon <= 0:
-        return ()
-    per_s = rate * len(handles) / DAY_S
     out: list[Straggler] = []
-    t = 0.0
-    while True:
-        t += rng.expovariate(per_s)
-        if t >= horizon:
-            break
-        node = handles[rng.randrange(len(handles))]
+    for t, node in _arrivals(_handles(nodes), model.rate_per_node_day, days, rng):
         out.append(
             Straggler(
                 straggler_id=len(out) + 1,

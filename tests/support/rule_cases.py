@@ -70,6 +70,13 @@ GPU_CASES: list[tuple[str, list[Step], str, Severity | None]] = [
     ("full link", one(pcie_downgraded=False), "gpu_pcie_downgrade", None),
     ("too hot", one(throttle_reasons=("hw_thermal_slowdown",)), "gpu_thermal_slowdown", "warning"),
     ("power cap", one(throttle_reasons=("sw_power_cap",)), "gpu_thermal_slowdown", None),
+    ("hw slowdown", one(throttle_reasons=("hw_slowdown",)), "gpu_thermal_slowdown", "warning"),
+    (
+        "power brake",
+        one(throttle_reasons=("hw_power_brake_slowdown",)),
+        "gpu_thermal_slowdown",
+        "warning",
+    ),
     (
         "sbe at severe",
         grow({"ecc_sbe_volatile": 0}, {"ecc_sbe_volatile": 100}),

@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 
 from metalguard.controller.core.lifecycle import LifecycleConfig
-from metalguard.controller.jobs.scheduler import place, request_from_job
 from metalguard.twin import jobs as twin_jobs
 from metalguard.twin.engine import Engine, run
 from metalguard.twin.failures import default_failure_model
@@ -19,11 +18,9 @@ from metalguard.twin.fleet import fleet_from_count
 from metalguard.twin.generator import GangParams, generate_gangs
 from metalguard.twin.health import HealthModel
 from metalguard.twin.model import (
-    FailureModel,
     Fault,
     FaultKind,
     JobOutcomeRecord,
-    JobSpec,
     PlannedMaintenance,
     Policy,
     PolicyName,
@@ -31,51 +28,23 @@ from metalguard.twin.model import (
     TwinResult,
 )
 from metalguard.twin.policies import POLICIES
+from tests.support.twin_small import (
+    CLEAN_END,
+    JOB,
+    START,
+    first_node,
+    inputs,
+    placement,
+)
 
 STATIC, REACTIVE, METALGUARD = POLICIES["static"], POLICIES["reactive"], POLICIES["metalguard"]
-NO_FAULTS = FailureModel(causes=(), source="none")
 
-# one 2-node job: 1 h of work, a checkpoint every 600 s of work costing 60 s, 300 s to
-# (re)start; it arrives at t=100 and the first pass places it at once
-JOB = JobSpec(
-    job_id="j",
-    submit_s=100.0,
-    nodes=2,
-    gpus_per_node=8,
-    work_s=3600.0,
-    checkpoint_interval_s=600.0,
-    checkpoint_cost_s=60.0,
-    restart_cost_s=300.0,
-    source="gang",
-)
-START = 100.0
-# 300 restart + 3600 work + 5 checkpoints (at 600 ... 3000; none at the finish) x 60
-CLEAN_END = START + 300.0 + 3600.0 + 5 * 60.0
 # a fault 2000 s after the start: 1700 s past the restart = 2 cycles of 660 + 380 of
 # work, so progress 1580 and the last periodic checkpoint at 1200: 380 s are lost
 FAULT_AT = START + 2000.0
 LOST = 380.0
 # from the 1200 checkpoint: 300 + 2400 + 3 checkpoints (1800, 2400, 3000) x 60
 RESUMED_WALL = 300.0 + 2400.0 + 3 * 60.0
-
-
-def inputs(jobs: tuple[JobSpec, ...] = (JOB,), n: int = 3, days: float = 1.0) -> TwinInputs:
-    return TwinInputs(
-        nodes=fleet_from_count(n, rack_nodes=4), jobs=jobs, failures=NO_FAULTS, days=days, seed=1
-    )
-
-
-def placement(inp: TwinInputs, spec: JobSpec = JOB) -> tuple[str, ...]:
-    """Where the real scheduler puts ``spec`` on the idle fleet."""
-    job = twin_jobs.make_job(spec, REACTIVE, spec.job_id, spec.submit_s)
-    placed = place(request_from_job(job), inp.nodes)
-    assert placed is not None
-    return placed.nodes
-
-
-def first_node(inp: TwinInputs, spec: JobSpec = JOB) -> str:
-    """Rank 0's node of ``spec`` on the idle fleet."""
-    return placement(inp, spec)[0]
 
 
 def fault(

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from metalguard.cli import build_parser
-from metalguard.controller.jobs.scheduler import place, request_from_job
 from metalguard.twin import jobs as twin_jobs
 from metalguard.twin import report as rep
 from metalguard.twin.cli import _policy, build_inputs
@@ -37,7 +36,6 @@ from metalguard.twin.model import (
     Distribution,
     FailureModel,
     JobOutcomeRecord,
-    JobSpec,
     PlannedMaintenance,
     Policy,
     Slowdown,
@@ -48,49 +46,22 @@ from metalguard.twin.model import (
 )
 from metalguard.twin.policies import POLICIES
 from tests.support.twin_results import result as hand_made_result
+from tests.support.twin_small import (
+    CLEAN_END,
+    JOB,
+    START,
+    first_node,
+    inputs,
+    placement,
+)
 
 STATIC, REACTIVE, METALGUARD = POLICIES["static"], POLICIES["reactive"], POLICIES["metalguard"]
 NO_DETECTION = replace(METALGUARD, straggler_detection=False)
-NO_FAULTS = FailureModel(causes=(), source="none")
 
-# one 2-node job: 1 h of work, a checkpoint every 600 s of work costing 60 s, 300 s to
-# (re)start; it arrives at t=100 and the first pass places it at once
-JOB = JobSpec(
-    job_id="j",
-    submit_s=100.0,
-    nodes=2,
-    gpus_per_node=8,
-    work_s=3600.0,
-    checkpoint_interval_s=600.0,
-    checkpoint_cost_s=60.0,
-    restart_cost_s=300.0,
-    source="gang",
-)
-START = 100.0
-CLEAN_END = START + 300.0 + 3600.0 + 5 * 60.0  # 5 checkpoints before the finish
 LONG = replace(JOB, job_id="long", work_s=36_000.0)  # 10 h of work
 SLOW = 0.25  # 1.25 x the wall per second of the job's own schedule: exact in binary
 AT = START + 1000.0  # the slowdown starts 1,000 s into the job's schedule
 FOREVER = 10 * DAY_S
-
-
-def inputs(jobs: tuple[JobSpec, ...] = (JOB,), n: int = 3, days: float = 1.0) -> TwinInputs:
-    return TwinInputs(
-        nodes=fleet_from_count(n, rack_nodes=4), jobs=jobs, failures=NO_FAULTS, days=days, seed=1
-    )
-
-
-def placement(inp: TwinInputs, spec: JobSpec = JOB) -> tuple[str, ...]:
-    """Where the real scheduler puts ``spec`` on the idle fleet."""
-    job = twin_jobs.make_job(spec, REACTIVE, spec.job_id, spec.submit_s)
-    placed = place(request_from_job(job), inp.nodes)
-    assert placed is not None
-    return placed.nodes
-
-
-def first_node(inp: TwinInputs, spec: JobSpec = JOB) -> str:
-    """Rank 0's node of ``spec`` on the idle fleet."""
-    return placement(inp, spec)[0]
 
 
 def straggler(

@@ -28,8 +28,14 @@ from metalguard.controller.core.scoring.config import FlagRule, RateRule, Thresh
 from metalguard.proto.telemetry import GpuDevice, TelemetryBatch
 from metalguard.proto.xid import XidClass, XidEntry, classify
 
-THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake"})
-"""Throttle reasons that mean the GPU is too hot (not a power cap, not idle)."""
+THERMAL_REASONS = frozenset(
+    {"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+"""Throttle reasons that mean the hardware holds the GPU's clocks down: heat, or the
+board's slowdown or power brake signal (not a power cap, not idle). The names are the
+collector's (agent/collectors/gpu_parse.py ``THROTTLE_REASONS``: NVML's clock-event bits);
+the power brake was listed as ``hw_power_brake`` before, a name the collector never
+gives, so it was never flagged."""
 RESET_SIGNAL = "gpu.reset_required"
 """The signal of every finding that a GPU reset clears; its value is the GPU's index
 (the controller's remediation resets those GPUs once the node is drained)."""
