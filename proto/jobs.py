@@ -183,6 +183,7 @@ JOB_EVENT_KINDS: frozenset[str] = frozenset(
         "job.finished",
         "job.preempted",
         "job.cancelled",
+        "job.slowed",
     }
 )
 """The ControllerEvent kinds of the job manager (docs/protocol.md, docs/jobs.md)."""

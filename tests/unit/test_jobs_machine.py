@@ -11,6 +11,7 @@ from msgspec.structs import replace
 
 from metalguard.controller.jobs import machine as m
 from metalguard.controller.jobs.spec import JobRejectedError, parse_job
+from metalguard.controller.jobs.straggler_watch import JOB_SLOWED
 from metalguard.proto.codec import decode, encode
 from metalguard.proto.events import CommandReply
 from metalguard.proto.jobs import JOB_EVENT_KINDS, CheckpointRef, Job, JobStatus
@@ -352,7 +353,9 @@ def test_every_job_event_kind_is_documented() -> None:
     missing = [k for k in sorted(JOB_EVENT_KINDS) if f"`{k}`" not in doc]
     assert not missing
     source = Path(m.__file__).read_text()
+    # the machine's, and the straggler watch's whole-job slowdown (the job manager's)
     emitted = set(re.findall(r'"(job\.[a-z_]+)"', source)) | {"job.failed", "job.cancelled"}
+    emitted |= {JOB_SLOWED}
     assert emitted == JOB_EVENT_KINDS
 
 
