@@ -42,6 +42,7 @@ def make_app(
     *,
     read_tokens: Collection[str] = (),
     admin_tokens: Collection[str] = (),
+    open_reads: bool = False,
     registry: CollectorRegistry | None = None,
     keepalive_s: float = 15.0,
     event_queue_size: int = 1000,
@@ -55,9 +56,10 @@ def make_app(
     the ``/v1/jobs`` routes, ``provision`` (the provisioning service) ``/v1/images``,
     ``/v1/instances`` and ``/v1/volumes`` (without it those paths answer a 404 that says
     provisioning is not enabled).  ``/v1/leader`` and ``/v1/fleet`` are added by their modules'
-    ``add_*`` functions (server.py)."""
+    ``add_*`` functions (server.py).  ``open_reads``: reads need no token even with tokens
+    set (the demo's)."""
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
-    app[TOKENS] = Tokens(read_tokens, admin_tokens)
+    app[TOKENS] = Tokens(read_tokens, admin_tokens, open_reads=open_reads)
     app.router.add_get("/healthz", healthz)
     add_openapi_route(app)  # GET /v1/openapi.json: the routes this app serves
     add_metrics_route(app, view, registry)

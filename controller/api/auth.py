@@ -1,7 +1,8 @@
 """Who may call the HTTP API: bearer tokens, read-only and admin (docs/security.md).
 
 Every handler starts with :func:`check_read` or :func:`check_admin`.  No token at all
-configured: reads are open.  No admin token: every action is refused (403).
+configured (or ``open_reads``): reads are open.  No admin token: every action is refused
+(403).
 """
 
 from __future__ import annotations
@@ -21,12 +22,18 @@ log = logging.getLogger(__name__)
 class Tokens:
     """Bearer tokens: read-only and admin.
 
-    No token at all: reads are open.  No admin token: every action is refused (403).
+    No token at all, or ``open_reads``: reads are open.  No admin token: every action is
+    refused (403).
     """
 
-    def __init__(self, read: Collection[str], admin: Collection[str]) -> None:
+    def __init__(
+        self, read: Collection[str], admin: Collection[str], *, open_reads: bool = False
+    ) -> None:
         self._read = tuple(t.encode() for t in read)
         self._admin = tuple(t.encode() for t in admin)
+        self._open_reads = open_reads
+        """Reads need no token even with tokens set (the demo: its dashboard reads, its
+        actions need the admin token it prints)."""
 
     def check(self, request: web.Request, admin: bool) -> None:
         """Raise ApiError 401/403 unless the request may proceed; a refused write is
@@ -46,7 +53,7 @@ class Tokens:
             raise
 
     def _check(self, request: web.Request, admin: bool) -> None:
-        if not admin and not self._read and not self._admin:
+        if not admin and (self._open_reads or not (self._read or self._admin)):
             return
         if admin and not self._admin:
             raise ApiError(403, "forbidden", "actions are disabled: no admin token is configured")

@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import sys
@@ -597,9 +598,12 @@ async def run_demo(options: DemoOptions) -> int:
             f"{first.provision.boot_url})"
         )
         qos = await QosStore.open(js, subjects)
+        token = secrets.token_urlsafe(24)  # this run's admin token (printed once it runs)
         app = make_app(
             view,
             AllRegionEvents(nc, subjects, names),
+            admin_tokens=(token,),
+            open_reads=True,  # the dashboard and `metalguard nodes` read without it
             registry=first.registry,
             qos=qos,
             jobs=first.jobs,
@@ -663,6 +667,10 @@ async def run_demo(options: DemoOptions) -> int:
                     cleanup.append(region.remediation.stop)
             _say(f"try: curl {api_url}/v1/fleet   or   metalguard nodes --api {api_url}")
             _say(f"dashboard: {api_url}/ui/")
+            _say(
+                f"actions (jobs submit, cordon, provision) need this run's admin "
+                f"token: export METALGUARD_TOKEN={token}"
+            )
             _say("running; press Ctrl-C to stop")
             journal.started = time.monotonic()
             duration = options.duration_s

@@ -9,20 +9,17 @@
 from __future__ import annotations
 
 import json
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from tests.support.harness.demo_child import Demo
 
-METALGUARD = Path(sys.executable).parent / "metalguard"
 RUNNING = "running; press Ctrl-C to stop"
 BAD_COMMAND = """\
 description = "a job whose command is not runnable from the member's directory"
@@ -35,64 +32,6 @@ command = "examples/trainer.py"
 args = ["--steps", "50"]
 """
 DURATION_S = 15.0
-
-
-class Demo:
-    """A ``metalguard demo --headless`` child; its stdout read line by line on a thread."""
-
-    def __init__(self, tmp: Path, scenario: str, duration_s: float) -> None:
-        path = tmp / "scenario.toml"
-        path.write_text(scenario)
-        self.report = tmp / "report.json"
-        command = [
-            str(METALGUARD), "demo", "--headless", "--duration", str(duration_s),
-            "--racks", "2", "--nodes-per-rack", "3", "--interval", "0.5",
-            "--scenario", str(path), "--report", str(self.report), "--http", "127.0.0.1:0",
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-            self.lines.put(line)
-
-    def wait_line(self, text: str, timeout_s: float) -> float:
-        """Wait for a line containing ``text``; the monotonic time it was read."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no {text!r} within {timeout_s}s:\n{self.tail()}")
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            if text in line:
-                return time.monotonic()
-
-    def wait_exit(self, timeout_s: float) -> int:
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"still running after {timeout_s}s:\n{self.tail()}") from None
-
-    def tail(self) -> str:
-        return "".join(self.output[-40:])
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 @pytest.fixture

@@ -80,6 +80,19 @@ def test_a_read_token_reads_but_does_not_act() -> None:
         check_read(request(tokens=tokens))
 
 
+def test_open_reads_keep_reads_open_and_actions_closed() -> None:
+    """The demo's API: its dashboard reads without a token, its actions need the admin
+    token it prints."""
+    tokens = Tokens(read=(), admin=("a",), open_reads=True)
+    check_read(request(tokens=tokens))
+    check_read(request(token="wrong", tokens=tokens))
+    check_admin(request(token="a", tokens=tokens))
+    for token, status in (("", 401), ("wrong", 401)):
+        with pytest.raises(ApiError) as refused:
+            check_admin(request(token=token, tokens=tokens))
+        assert refused.value.status == status, token
+
+
 def test_bearer_token_needs_the_bearer_scheme() -> None:
     assert bearer_token(request(token=" t1 ")) == b"t1"
     basic = make_mocked_request("GET", "/", headers={"Authorization": "Basic dTpw"})
