@@ -58,6 +58,11 @@ class WatchSettings:
     """How long a suspicion is remembered for the lemon count."""
 
 
+def straggler_event_id(job_id: str, generation: int, handle: str) -> str:
+    """``node.straggler``'s id: one announcement per job, generation and node."""
+    return f"{job_id}.g{generation}.{handle}.straggler"
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """A node found slowing one generation of one job."""
@@ -79,7 +84,7 @@ class Finding:
     @property
     def event_id(self) -> str:
         """Deterministic: one announcement per job, generation and node."""
-        return f"{self.job_id}.g{self.generation}.{self.handle}.straggler"
+        return straggler_event_id(self.job_id, self.generation, self.handle)
 
     @property
     def percent(self) -> float:
@@ -184,14 +189,15 @@ def corroboration(record: NodeRecord | None) -> tuple[str, ...]:
     )
 
 
-def remaining_s(status: JobStatus, step_s: float) -> float | None:
-    """The job's remaining run time at its measured step time (None: its ``total_steps``
-    is not stated)."""
+def remaining_s(status: JobStatus, step_s: float, slowdown: float) -> float | None:
+    """The job's remaining run time at its own pace: the steps still to do x its measured
+    step time without the slowdown (``step_s / (1 + slowdown)``), so ``slowdown`` x it is
+    what the slowdown would still cost. None: its ``total_steps`` is not stated."""
     job = status.job
     if job is None or job.total_steps <= 0 or step_s <= 0:
         return None
     done = max((m.step for m in status.members), default=0)
-    return max(0, job.total_steps - done) * step_s
+    return max(0, job.total_steps - done) * step_s / (1.0 + max(0.0, slowdown))
 
 
 def lost_work_s(status: JobStatus, now: float) -> float:
@@ -236,7 +242,10 @@ class StragglerWatch:
             return
         state = self._jobs.get(status.job_id)
         if state is None or state.generation != generation:
-            state = _Job(generation, len(status.members), job.timing_window_s)
+            # a new run: a new round; the detector's state goes on (observe() starts the
+            # warm-up and the streaks again, the job's baseline stays)
+            detector = state.detector if state is not None else JobState()
+            state = _Job(generation, len(status.members), job.timing_window_s, detector)
             self._jobs[status.job_id] = state
         if state.round and now - state.round_opened > STALE_WINDOWS * state.window_s:
             state.round.clear()  # a rank stopped reporting: start the round again
@@ -266,7 +275,7 @@ class StragglerWatch:
         records: Mapping[str, NodeRecord],
         now: float,
     ) -> None:
-        event_id = f"{status.job_id}.g{state.generation}.{suspect.node}.straggler"
+        event_id = straggler_event_id(status.job_id, state.generation, suspect.node)
         if event_id in self._said:
             return
         self._said.add(event_id)
@@ -279,7 +288,7 @@ class StragglerWatch:
         others = tuple(sorted(lemons.get(suspect.node, frozenset()) - {status.job_id}))
         job = status.job
         assert job is not None
-        remaining = remaining_s(status, state.step_s)
+        remaining = remaining_s(status, state.step_s, suspect.slowdown)
         restart = job.restart_cost_s if job.restart_cost_s is not None else cfg.restart_cost_s
         lost = lost_work_s(status, now)
         move = remaining is not None and stragglers.move_pays(

@@ -736,8 +736,9 @@ class Engine:
         """The detector names ``sg``'s node in ``tj``'s generation: the node is marked
         (SUB_HEALTHY, no new work) and the job moved off it when that pays (``move_pays``:
         slowdown x remaining run time > restart cost + lost work, with the job manager's
-        figures: the remaining work at the measured, slowed step time, and the time since
-        the last checkpoint), else it finishes where it is, slowed."""
+        figures: the remaining work at the job's own pace (the measured step time without
+        the slowdown), and the time since the last checkpoint), else it finishes where it
+        is, slowed."""
         h = sg.node
         st = tj.status
         if self.slow.get(h) is not sg or tj.live_gen() is not g or g.frozen_at is not None:
@@ -763,9 +764,9 @@ class Engine:
             self.counts["straggler:detected"] += 1
         s = tj.spec
         tj.report(self.now)  # the steps and checkpoint the job manager has heard of
-        # straggler_watch.remaining_s: the steps still to do (a step is a second of work at
-        # the job's own pace) x the measured step time (slowed: its pace)
-        remaining = (s.work_s - tj.progress(self.now)) * g.pace
+        # straggler_watch.remaining_s: the steps still to do x the step time without the
+        # slowdown (a step is a second of work at the job's own pace)
+        remaining = s.work_s - tj.progress(self.now)
         # the most a move may redo (it asks a fresh checkpoint first: in the twin, nothing)
         lost = straggler_watch.lost_work_s(tj.status, self.now)
         if detector.move_pays(sg.slowdown, remaining, s.restart_cost_s, lost):
