@@ -49,11 +49,12 @@ from metalguard.controller.jobs.scheduler import (
 from metalguard.controller.jobs.spec import NotLeaderError, parse_job
 from metalguard.controller.jobs.store import JobConflictError, JobStore
 from metalguard.controller.jobs.straggler_watch import (
-    JOB_SLOWED,
-    STRAGGLER,
     Finding,
+    Slowed,
     StragglerWatch,
     WatchSettings,
+    slowed_event,
+    straggler_event,
     window_from,
 )
 from metalguard.controller.stopping import cancel_within
@@ -145,9 +146,10 @@ class JobManager:
         self._isolation_said: dict[str, str] = {}
         """The ``node.isolation_lost`` announcements made for running jobs: event id ->
         job (a job's go once it ends)."""
-        self._stragglers = StragglerWatch((settings or JobSettings()).stragglers)
         self._straggling: list[Finding] = []
         """Findings not yet announced and handed over (a failure is retried next pass)."""
+        self._slowed: list[Slowed] = []
+        """Whole-job slowdowns not yet announced."""
         self._moves_off: dict[str, MoveOff] = {}
         """Job id → the move off a straggler that pays, until the job's generation moves."""
         self._failures: list[blame.Failure] = []
@@ -159,6 +161,7 @@ class JobManager:
         self._subjects = subjects
         self.region = region
         self.settings = settings or JobSettings()
+        self._stragglers = StragglerWatch(self.settings.stragglers)
         self._clock = clock
         self._fleet = fleet
         self._leading = leading
@@ -380,54 +383,37 @@ class JobManager:
         }  # fmt: skip
         found, slowed = self._stragglers.take()
         self._straggling += found
+        self._slowed += slowed
         now = self._clock()
-        for slow in slowed:
-            pct = round(slow.slowdown * 100, 1)
-            event = ControllerEvent(
-                event_id=slow.event_id,
-                ts=now,
-                region=self.region,
-                kind=JOB_SLOWED,
-                job_id=slow.job_id,
-                message=f"job {slow.job_id} runs {pct:g} % slower than its own baseline, "
-                "every rank alike (shared congestion, the data): no node is blamed",
-                attributes={"generation": slow.generation, "slowdown_pct": pct},
-            )
-            await self._announce(event)
-        pending, self._straggling = self._straggling, []
-        for f in pending:
+        pending, self._slowed = self._slowed, []
+        for slow in pending:
+            if not await self._announce(slowed_event(slow, self.region, now)):
+                self._slowed.append(slow)
+        pending_found, self._straggling = self._straggling, []
+        for f in pending_found:
             record = self._nodes.records.get(f.handle)
-            event = ControllerEvent(
-                event_id=f.event_id,
-                ts=now,
-                region=self.region,
-                kind=STRAGGLER,
-                node=record.node if record is not None else None,
-                job_id=f.job_id,
-                reasons=(f.reason(),),
-                message=f"straggler {f.handle}: {f.message()}; "
-                + ("the job is moved off it (moving pays)" if f.move
-                   else "the job finishes where it is (moving would not pay)"),
-                attributes=f.attributes(),
-            )  # fmt: skip
-            handed = self._report_stragglers is None
-            if not handed:
-                assert self._report_stragglers is not None
-                try:
-                    await self._report_stragglers(
-                        {f.handle: f.reason()}, now + self.settings.stragglers.hold_s
-                    )
-                    handed = True
-                except Exception as exc:  # NATS down, a store conflict: next pass
-                    log.warning("straggler %s not handed to the region controller: %s",
-                                f.handle, exc)  # fmt: skip
-            if not handed or not await self._announce(event):
+            event = straggler_event(f, self.region, record.node if record else None, now)
+            if not await self._hand_over(f, now) or not await self._announce(event):
                 self._straggling.append(f)
                 continue
             if f.move:
                 why = f"straggler: {f.handle} {f.percent:g} % slower than its peers"
                 self._moves_off[f.job_id] = MoveOff(f.generation, (f.handle,), "straggler", why)
             log.warning("%s", event.message)
+
+    async def _hand_over(self, found: Finding, now: float) -> bool:
+        """The straggler to the region controller (SUB_HEALTHY for ``hold_s``); False when
+        that failed (NATS down, a store conflict: the next pass tries again)."""
+        if self._report_stragglers is None:
+            return True
+        try:
+            await self._report_stragglers(
+                {found.handle: found.reason()}, now + self.settings.stragglers.hold_s
+            )
+        except Exception as exc:
+            log.warning("straggler %s not handed to the region controller: %s", found.handle, exc)
+            return False
+        return True
 
     async def _announce(self, event: ControllerEvent) -> bool:
         """Publish one controller event (its id deduplicates); False when not published."""

@@ -23,7 +23,8 @@ from typing import Final
 
 from metalguard.controller.core import stragglers
 from metalguard.controller.core.stragglers import JobState, NodeSlowness, RankWindow, Settings
-from metalguard.proto.base import AttrValue, Reason
+from metalguard.proto.base import AttrValue, NodeIdentity, Reason
+from metalguard.proto.events import ControllerEvent
 from metalguard.proto.jobs import JobStatus
 from metalguard.proto.nodes import NodeRecord
 
@@ -144,6 +145,43 @@ class Slowed:
     @property
     def event_id(self) -> str:
         return f"{self.job_id}.g{self.generation}.slowed"
+
+
+def straggler_event(
+    found: Finding, region: str, node: NodeIdentity | None, now: float
+) -> ControllerEvent:
+    """``node.straggler``: the evidence, and whether the job is moved off the node."""
+    action = (
+        "the job is moved off it (moving pays)"
+        if found.move
+        else "the job finishes where it is (moving would not pay)"
+    )
+    return ControllerEvent(
+        event_id=found.event_id,
+        ts=now,
+        region=region,
+        kind=STRAGGLER,
+        node=node,
+        job_id=found.job_id,
+        reasons=(found.reason(),),
+        message=f"straggler {found.handle}: {found.message()}; {action}",
+        attributes=found.attributes(),
+    )
+
+
+def slowed_event(slowed: Slowed, region: str, now: float) -> ControllerEvent:
+    """``job.slowed``: the whole job slower than its baseline; no node blamed."""
+    pct = round(slowed.slowdown * 100, 1)
+    return ControllerEvent(
+        event_id=slowed.event_id,
+        ts=now,
+        region=region,
+        kind=JOB_SLOWED,
+        job_id=slowed.job_id,
+        message=f"job {slowed.job_id} runs {pct:g} % slower than its own baseline, every "
+        "rank alike (shared congestion, the data): no node is blamed",
+        attributes={"generation": slowed.generation, "slowdown_pct": pct},
+    )
 
 
 @dataclass
