@@ -26,6 +26,7 @@ from metalguard.proto.access import ConfigSection, NatsAccess, Seconds
 from metalguard.proto.addresses import AddressError, parse_listen
 from metalguard.proto.base import Token
 from metalguard.proto.documents import DocumentError, load_document
+from metalguard.proto.tenants import TenantQuota
 
 
 class ConfigError(DocumentError):
@@ -144,6 +145,30 @@ class JobsSection(_Section, frozen=True):
     """A restart's cost for a job that states no ``restart_cost_s`` (the move rule)."""
 
 
+class TenantSection(_Section, frozen=True):
+    """One ``[[tenants]]`` table: a tenant's quota (docs/scheduler.md "Tenant quotas").
+    Seeds the quota store; ``metalguard tenants set`` changes it later."""
+
+    name: Token
+    gpus: Annotated[int, msgspec.Meta(ge=0)] = 0
+    """GPUs guaranteed."""
+    gpus_by_type: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = {}
+    """Per GPU type, where the fleet mixes types (each part of ``gpus``)."""
+    borrow_limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """GPUs it may use beyond its guarantee (unset: any idle capacity)."""
+    lend_limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """GPUs of its unused guarantee others may borrow (unset: all of it)."""
+
+    def __post_init__(self) -> None:
+        typed = sum(self.gpus_by_type.values())
+        if typed > self.gpus:
+            raise ValueError(f"gpus_by_type sums to {typed}, above the tenant's gpus ({self.gpus})")
+        if self.lend_limit is not None and self.lend_limit > self.gpus:
+            raise ValueError(
+                f"lend_limit {self.lend_limit} is above the tenant's gpus ({self.gpus})"
+            )
+
+
 class RemediationSection(_Section, frozen=True):
     """``[remediation]``: what the controller asks of a node's own hardware once the node
     is out of the way (docs/decisions.md, "GPU")."""
@@ -255,6 +280,8 @@ class ControllerConfig(_Section, frozen=True):
     federation: FederationSection = FederationSection()
     jobs: JobsSection = JobsSection()
     """``[jobs]``: the job manager's defaults (docs/jobs.md)."""
+    tenants: tuple[TenantSection, ...] = ()
+    """``[[tenants]]``: the tenants' quotas (docs/scheduler.md "Tenant quotas")."""
     remediation: RemediationSection = RemediationSection()
     """``[remediation]``: GPU resets and power cycles (docs/decisions.md)."""
     topology: TopologySection = TopologySection()
@@ -264,6 +291,10 @@ class ControllerConfig(_Section, frozen=True):
     """``[provision]``: network boot and tenant volumes (docs/provisioning.md)."""
 
     def __post_init__(self) -> None:
+        names = [t.name for t in self.tenants]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tenants: {', '.join(twice)} listed more than once")
         if self.shards is not None and self.ha is None:
             raise ValueError("[shards] needs [ha] instance (the shard leases' holder)")
         if self.shards is not None and (self.ingest.clusters or self.ingest.shard_count):
@@ -282,6 +313,21 @@ class ControllerConfig(_Section, frozen=True):
             return load_scoring_config(path)
         except ScoringConfigError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def configured_quotas(cfg: ControllerConfig) -> list[TenantQuota]:
+    """The ``[[tenants]]`` tables as quotas (what seeds MG_TENANTS)."""
+    return [
+        TenantQuota(
+            name=t.name,
+            gpus=t.gpus,
+            gpus_by_type=dict(t.gpus_by_type),
+            borrow_limit=t.borrow_limit,
+            lend_limit=t.lend_limit,
+            updated_by="config",
+        )
+        for t in cfg.tenants
+    ]
 
 
 def parse_config(text: str, source: str = "<config>") -> ControllerConfig:

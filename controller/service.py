@@ -31,6 +31,7 @@ from metalguard.controller.config import (
     IngestSection,
     JobsSection,
     NatsSection,
+    configured_quotas,
     load_config,
 )
 from metalguard.controller.core.scoring.config import ScoringConfig
@@ -43,6 +44,7 @@ from metalguard.controller.ingest.settings import tune_gc
 from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.store import JobStore
 from metalguard.controller.jobs.straggler_watch import WatchSettings
+from metalguard.controller.jobs.tenant_store import TenantStore
 from metalguard.controller.leader import Leadership, region_leadership
 from metalguard.controller.listener_metrics import ListenerCollector
 from metalguard.controller.provision.run import Provisioning
@@ -209,6 +211,8 @@ async def _serve(
         await ensure_streams(js, subjects)
         store = await NodeStore.open(js, subjects)
         job_store = await JobStore.open(js, subjects)
+        tenant_store = await TenantStore.open(js, subjects)
+        await tenant_store.seed(configured_quotas(cfg))  # docs/scheduler.md "Tenant quotas"
         leadership = await start_leadership(js, subjects, cfg)
         provisioning = None
         if cfg.provision.enabled:  # docs/provisioning.md
@@ -242,6 +246,7 @@ async def _serve(
         report_running=controller.report_running,
         report_suspects=controller.report_suspects,
         report_stragglers=controller.report_stragglers,
+        tenants=tenant_store,
     )
     remediation = Remediation(  # docs/decisions.md, "GPU"
         nc,
@@ -293,6 +298,7 @@ async def _serve(
                 served_jobs,
                 fleet=federation,
                 provision=provisioning.service if provisioning is not None else None,
+                tenants=jobs,
             )
         except ConfigError as exc:
             print(f"metalguard: {exc}", file=sys.stderr)

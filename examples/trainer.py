@@ -3,7 +3,9 @@
 
 Its state is a SHA-256 chain, ``state[i+1] = sha256(state[i] || i)``, so the final line
 ``digest=<hex>`` depends only on the number of steps completed: the same whether or not
-the run was interrupted and resumed from a checkpoint.  Standard library only; it uses the
+the run was interrupted and resumed from a checkpoint, and whatever the world size
+(``MG_WORLD_SIZE``) of each run: an elastic job (docs/jobs.md "Elastic jobs") resumes a
+checkpoint written by N ranks with M.  Standard library only; it uses the
 metalguard client library when importable (``--no-client`` never imports it: SIGUSR1 only).
 
 ``--sync`` makes the ranks meet every step in a small TCP all-reduce (rank 0 at
@@ -81,11 +83,19 @@ def _check(step: int, state_hex: str) -> str:
     return hashlib.sha256(f"{step}:{state_hex}".encode()).hexdigest()[:16]
 
 
-def write_checkpoint(directory: Path, step: int, state: bytes) -> Path:
-    """Write ``ckpt-<step>.json`` atomically (tmp file + rename); return its path."""
+def write_checkpoint(directory: Path, step: int, state: bytes, world_size: int = 1) -> Path:
+    """Write ``ckpt-<step>.json`` atomically (tmp file + rename); return its path.
+
+    ``world_size``: the ranks of the run that wrote it (said again on a resume at another
+    size; the state itself is the same for every rank and every size)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"ckpt-{step:08d}.json"
-    body = {"step": step, "state": state.hex(), "check": _check(step, state.hex())}
+    body = {
+        "step": step,
+        "state": state.hex(),
+        "check": _check(step, state.hex()),
+        "world_size": world_size,
+    }
     tmp = directory / f".ckpt-{step:08d}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(body))
     os.replace(tmp, path)
@@ -102,6 +112,15 @@ def read_checkpoint(path: Path) -> tuple[int, bytes] | None:
         return step, bytes.fromhex(state_hex)
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def checkpoint_world_size(path: Path) -> int | None:
+    """The world size of the run that wrote a checkpoint (None: not recorded)."""
+    try:
+        size = json.loads(path.read_text()).get("world_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return size if isinstance(size, int) and size >= 1 else None
 
 
 def newest_checkpoint(directory: Path) -> Path | None:
@@ -563,6 +582,8 @@ class _Run:
 
     step: int
     state: bytes
+    world: int = 1
+    """MG_WORLD_SIZE of this run (recorded in its checkpoints)."""
     waited_s: float = 0.0
     """Time spent in the all-reduce (--sync)."""
 
@@ -571,10 +592,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run the trainer; return the exit status."""
     args = parse_args(argv)
     rank = int(os.environ.get("MG_RANK") or 0)
+    world = int(os.environ.get("MG_WORLD_SIZE") or 1)
     ckpt_dir = Path(args.checkpoint_dir)
     step, state, resumed = _resume(args, ckpt_dir)
     if resumed is not None:
         print(f"resumed step={step} path={resumed}", flush=True)
+        written = checkpoint_world_size(resumed)
+        if written is not None and written != world:  # a real trainer reshards here
+            print(f"resized world_size={written}->{world}", flush=True)
     faults_on = not (args.faults_only_fresh and resumed is not None)
     stop: dict[str, Any] = {"now": False}
 
@@ -588,10 +613,10 @@ def main(argv: list[str] | None = None) -> int:
     wl.report_progress(step)
     print(f"start step={step} rank={rank}", flush=True)  # signal handlers are in place
     group: SyncGroup | None = None
-    run = _Run(step, state)
+    run = _Run(step, state, world)
 
     def stopped() -> int:
-        path = write_checkpoint(ckpt_dir, run.step, run.state)
+        path = write_checkpoint(ckpt_dir, run.step, run.state, run.world)
         wl.checkpoint_done(run.step, str(path))
         print(f"checkpoint step={run.step} path={path}", flush=True)
         if group is not None:
@@ -604,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
             env = os.environ
             group = SyncGroup(
                 rank,
-                int(env.get("MG_WORLD_SIZE") or 1),
+                world,
                 env.get("MG_MASTER_ADDR") or "127.0.0.1",
                 int(env.get("MG_MASTER_PORT") or 29500),
                 timeout_s=args.sync_timeout,
@@ -677,7 +702,7 @@ def _train(
         if flags & FLAG_STOP:
             return stopped()
         if flags & FLAG_CHECKPOINT:
-            path = write_checkpoint(Path(args.checkpoint_dir), run.step, run.state)
+            path = write_checkpoint(Path(args.checkpoint_dir), run.step, run.state, run.world)
             wl.checkpoint_done(run.step, str(path))
             last_periodic = time.monotonic()
             print(f"checkpoint step={run.step} path={path}", flush=True)

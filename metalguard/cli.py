@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     from metalguard.controller.cli.ops import add_ops_parsers
     from metalguard.controller.cli.provision import add_provision_parser
     from metalguard.controller.cli.qos import add_qos_parser
+    from metalguard.controller.cli.tenants import add_tenants_parser
     from metalguard.twin.cli import add_twin_parser
 
     add_agent_parser(sub)
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_creds_parser(sub)
     add_qos_parser(sub)
     add_jobs_parser(sub)
+    add_tenants_parser(sub)
     add_provision_parser(sub)
     _add_demo_parser(sub)
     add_twin_parser(sub)

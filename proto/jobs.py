@@ -21,7 +21,15 @@ JobState = Literal[
     "cancelled",
 ]
 MoveCause = Literal[
-    "node_failing", "maintenance", "preempted", "hang", "crash", "lost", "operator", "straggler"
+    "node_failing",
+    "maintenance",
+    "preempted",
+    "hang",
+    "crash",
+    "lost",
+    "operator",
+    "straggler",
+    "resized",
 ]
 MoveTarget = Literal["place", "queue", "failed", "cancelled"]
 MovePhase = Literal["checkpointing", "stopping", "placing", "starting"]
@@ -72,6 +80,17 @@ class Job(Message, frozen=True, tag="job"):
     restart_cost_s: float | None = None
     """What a restart costs the job in seconds (start-up, checkpoint load, warm-up);
     None: the controller's ``[jobs] straggler_restart_cost_s``."""
+    min_nodes: PositiveInt | None = None
+    """Elastic jobs (docs/jobs.md "Elastic jobs"): the fewest members it runs with (None:
+    ``nodes``); it starts with as many as fit in ``[min_nodes, max_nodes]`` and is shrunk,
+    never below this, instead of being preempted whole."""
+    max_nodes: PositiveInt | None = None
+    """The most members it grows to when nodes are idle (None: ``nodes``).  The job is
+    elastic when its ``max_nodes`` is above its ``min_nodes``; ``nodes`` (within both) is
+    the size it waits, reserves and preempts for when it cannot start now."""
+    resize_interval_s: float = 300.0
+    """Seconds from the job's last start or resize before it may grow again (each resize
+    restarts it from a fresh checkpoint)."""
 
 
 class CheckpointRef(Record, frozen=True):
@@ -134,6 +153,9 @@ class JobMove(Record, frozen=True):
     or end the job (``failed``, ``cancelled``)."""
     not_before_ts: float = 0.0
     """No start is sent before this time (the backoff after a refused start; 0: none)."""
+    to_nodes: tuple[str, ...] = ()
+    """An elastic job's resize: the placement it starts on once stopped (rank order),
+    held for it meanwhile (docs/jobs.md "Elastic jobs"); empty: the queue pass places it."""
 
 
 class JobStatus(Message, frozen=True, tag="job_status"):
@@ -184,6 +206,8 @@ JOB_EVENT_KINDS: frozenset[str] = frozenset(
         "job.preempted",
         "job.cancelled",
         "job.slowed",
+        "job.resized",
+        "tenant.reclaim",
     }
 )
 """The ControllerEvent kinds of the job manager (docs/protocol.md, docs/jobs.md)."""

@@ -31,6 +31,7 @@ from metalguard.controller.api.provision import (
 )
 from metalguard.controller.api.qos import add_qos_routes
 from metalguard.controller.api.sse import EventSource
+from metalguard.controller.api.tenants import TenantsView, add_tenant_routes
 from metalguard.controller.qos import QosStore
 
 MAX_BODY: Final = 16 * 1024
@@ -50,11 +51,13 @@ def make_app(
     clock: Callable[[], float] = time.time,
     jobs: JobsView | None = None,
     provision: ProvisionView | None = None,
+    tenants: TenantsView | None = None,
 ) -> web.Application:
     """The API app; ``registry`` (ingest's metrics) is exposed with the grade counts;
     ``qos`` (the MG_QOS profiles) adds the ``/v1/qos`` routes, ``jobs`` (the job manager)
-    the ``/v1/jobs`` routes, ``provision`` (the provisioning service) ``/v1/images``,
-    ``/v1/instances`` and ``/v1/volumes`` (without it those paths answer a 404 that says
+    the ``/v1/jobs`` routes (``tenants``, the same manager, ``/v1/tenants``),
+    ``provision`` (the provisioning service) ``/v1/images``, ``/v1/instances`` and
+    ``/v1/volumes`` (without it those paths answer a 404 that says
     provisioning is not enabled).  ``/v1/leader`` and ``/v1/fleet`` are added by their modules'
     ``add_*`` functions (server.py).  ``open_reads``: reads need no token even with tokens
     set (the demo's)."""
@@ -72,6 +75,8 @@ def make_app(
         add_qos_routes(app, qos)
     if jobs is not None:
         add_jobs_routes(app, jobs)
+    if tenants is not None:
+        add_tenant_routes(app, tenants)
     if provision is not None:
         add_provision_routes(app, provision)
     else:

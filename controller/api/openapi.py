@@ -114,6 +114,13 @@ PROFILE_EXAMPLE = {
         {"name": "training", "priorities": [3], "bandwidth_percent": 40},
     ],
 }
+TENANT = Param("tenant", "path", "a tenant's name", {"type": "string", "maxLength": 128}, "team-a")
+QUOTA_BODY: Final[dict[str, dict[str, Any]]] = {
+    JSON: {
+        "schema": _ref("QuotaBody"),
+        "example": {"gpus": 64, "borrow_limit": 128, "gpus_by_type": {"nvidia-h100": 64}},
+    }
+}
 PROFILE_BODY: Final[dict[str, dict[str, Any]]] = {
     JSON: {"schema": _ref("QosProfileRequest"), "example": PROFILE_EXAMPLE},
     **{t: {"schema": {"type": "string"}, "example": "version = 2\n"} for t in TOML_TYPES},
@@ -430,6 +437,36 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         (CLUSTER, QOS_NODE),
         PROFILE_BODY,
         tag="qos",
+    ),
+    Operation(
+        "GET",
+        "/v1/tenants",
+        "Every tenant with a quota or a job: guarantee, in use, borrowed, lent, waiting",
+        "read",
+        {200: shapes.TenantList},
+        (400, 401),
+        tag="tenants",
+    ),
+    Operation(
+        "GET",
+        "/v1/tenants/{tenant}",
+        "One tenant's usage and quota",
+        "read",
+        {200: shapes.TenantAnswer},
+        (400, 401, 404),
+        (TENANT,),
+        tag="tenants",
+    ),
+    Operation(
+        "PUT",
+        "/v1/tenants/{tenant}",
+        "Set a tenant's quota (guarantee, per-type guarantees, borrow and lend limits)",
+        "admin",
+        {200: shapes.TenantAnswer},
+        (400, 401, 403, 409, 413, 415, 503),
+        (TENANT,),
+        QUOTA_BODY,
+        tag="tenants",
     ),
     Operation(
         "GET",
@@ -797,6 +834,9 @@ ANSWER_TYPES: Final = (
     shapes.JobDetail,
     shapes.ProfileAnswer,
     shapes.QosFleetAnswer,
+    shapes.TenantList,
+    shapes.TenantAnswer,
+    shapes.QuotaBody,
     shapes.ImageList,
     shapes.ImageBuild,
     shapes.InstanceList,

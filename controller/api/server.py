@@ -16,6 +16,7 @@ from metalguard.controller.api.leader import LeaderView, add_leader_route
 from metalguard.controller.api.nodes import ControllerView
 from metalguard.controller.api.provision import ProvisionView
 from metalguard.controller.api.sse import EventSource
+from metalguard.controller.api.tenants import TenantsView
 from metalguard.controller.config import ConfigError, HttpSection
 from metalguard.controller.qos import QosStore
 from metalguard.proto import addresses
@@ -77,6 +78,7 @@ async def start_api(
     jobs: JobsView | None = None,
     fleet: FleetApi | None = None,
     provision: ProvisionView | None = None,
+    tenants: TenantsView | None = None,
 ) -> web.AppRunner:
     """Load the tokens, bind ``cfg.listen`` and serve; ``runner.cleanup()`` stops it.
 
@@ -92,6 +94,7 @@ async def start_api(
         qos=qos,
         jobs=jobs,
         provision=provision,
+        tenants=tenants,
     )
     if leader is not None:
         add_leader_route(app, leader)

@@ -26,6 +26,7 @@ from metalguard.proto.provision import (
 )
 from metalguard.proto.qos import QosProfile
 from metalguard.proto.telemetry import BmcReading, QosInterfaceStatus
+from metalguard.proto.tenants import TenantQuota, TenantUsage
 
 MAX_REASON = 500
 MAX_WHO = 64
@@ -325,6 +326,33 @@ class QosFleetAnswer(Shape, frozen=True):
     stale_after_s: float
     """A node not heard for this long counts no more in its cluster's rates."""
     clusters: list[QosClusterView]
+
+
+# --- tenants (docs/scheduler.md "Tenant quotas") --------------------------------------
+
+
+class TenantList(Shape, frozen=True):
+    """``GET /v1/tenants``: every tenant with a quota or a job, by name."""
+
+    fleet_gpus: int
+    """The GPUs of the nodes that take work or run it now (the quotas' ceiling)."""
+    tenants: list[TenantUsage]
+
+
+class QuotaBody(Shape, frozen=True, forbid_unknown_fields=True):
+    """``PUT /v1/tenants/{tenant}``: the tenant's quota (every field as in ``[[tenants]]``)."""
+
+    gpus: Annotated[int, msgspec.Meta(ge=0)] = 0
+    gpus_by_type: dict[str, Annotated[int, msgspec.Meta(ge=0)]] = {}
+    borrow_limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    lend_limit: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class TenantAnswer(Shape, frozen=True):
+    """``GET``/``PUT /v1/tenants/{tenant}``: its usage, with the quota stored."""
+
+    usage: TenantUsage
+    quota: TenantQuota | None
 
 
 # --- provisioning (docs/provisioning.md) -------------------------------------------------

@@ -237,14 +237,58 @@ def request_cancel(status: JobStatus, now: float) -> JobStatus:
     return msgspec.structs.replace(status, cancel_requested=True, updated_ts=now)
 
 
-def preempt(status: JobStatus, now: float, by: str) -> Step:
-    """Begin preempting a running job for ``by``: checkpoint, stop, back to the queue."""
+def preempt(status: JobStatus, now: float, by: str, reclaim_for: str = "") -> Step:
+    """Begin preempting a running job for ``by``: checkpoint, stop, back to the queue.
+
+    ``reclaim_for``: the tenant whose guarantee takes the capacity back (the job ran on
+    borrowed capacity, docs/scheduler.md "Tenant quotas"); a ``tenant.reclaim`` event
+    says so beside ``job.preempted``."""
     if status.state != "running" or status.move is not None:
         return Step(status)
     move = _new_move(status, "preempted", now, exclude=(), target="queue")
-    status = _set_move(status, move, now, "preempted", f"preempted by {by}")
-    emit = _emit(status, "job.preempted", move.move_id, f"preempted by {by}", {"by": by})
+    tenant = status.job.tenant if status.job is not None else ""
+    why = f"reclaimed for tenant {reclaim_for} ({by})" if reclaim_for else f"preempted by {by}"
+    status = _set_move(status, move, now, "preempted", why)
+    attrs: dict[str, AttrValue] = {"by": by}
+    if reclaim_for:
+        attrs |= {"reclaim_for": reclaim_for, "tenant": tenant}
+    emits = [_emit(status, "job.preempted", move.move_id, why, attrs)]
+    if reclaim_for:
+        message = (
+            f"tenant {reclaim_for} takes back capacity {tenant} borrowed: "
+            f"{status.job_id} stops for {by}"
+        )
+        emits.append(_emit(status, "tenant.reclaim", move.move_id, message, attrs))
+    return Step(status, emits=tuple(emits))
+
+
+def resize(
+    status: JobStatus,
+    now: float,
+    to_nodes: tuple[str, ...],
+    reason: str,
+    attributes: Mapping[str, AttrValue],
+) -> Step:
+    """Begin resizing a running elastic job onto ``to_nodes`` (rank order): a fresh
+    checkpoint, stop, then start there at once with the new world size (``reason``:
+    ``grow`` into idle nodes, or ``shrink`` to make room for a preempting job;
+    ``attributes``: the ``job.resized`` event's, :meth:`elastic.Resize.attributes`)."""
+    if status.state != "running" or status.move is not None or not to_nodes:
+        return Step(status)
+    move = replace(_new_move(status, "resized", now, exclude=(), target="place"), to_nodes=to_nodes)
+    why = f"resized ({reason}): {len(status.placement)} -> {len(to_nodes)} nodes"
+    status = _set_move(status, move, now, "checkpointing", why)
+    emit = _emit(status, "job.resized", move.move_id, why, dict(attributes))
     return Step(status, emits=(emit,))
+
+
+def held_nodes(status: JobStatus) -> tuple[str, ...]:
+    """The nodes a job holds for the scheduler: its placement, and during a resize the
+    nodes it is about to start on (so nothing else is placed there meanwhile)."""
+    move = status.move
+    if move is None or not move.to_nodes:
+        return status.placement
+    return tuple(dict.fromkeys((*status.placement, *move.to_nodes)))
 
 
 def needs_placement(status: JobStatus) -> bool:
@@ -486,6 +530,10 @@ def _after_stop(status: JobStatus, move: JobMove, world: World) -> Step:
         )
         status = _record(status, now, "queued", "requeued after preemption", step=_step(move))
         return Step(status)
+    if move.to_nodes and all(world.grades.get(n) == "HEALTHY" for n in move.to_nodes):
+        move = replace(move, phase="starting", phase_ts=now)  # a resize: its nodes are held
+        status = _start(status, move, move.to_nodes, now)
+        return _starting(status, move, world)
     same = move.cause in ("hang", "crash") and all(
         world.grades.get(n) == "HEALTHY" for n in status.placement
     )
@@ -496,7 +544,7 @@ def _after_stop(status: JobStatus, move: JobMove, world: World) -> Step:
     exclude = tuple(
         sorted({*move.exclude, *(n for n in status.placement if world.grades.get(n) != "HEALTHY")})
     )
-    move = replace(move, phase="placing", phase_ts=now, exclude=exclude)
+    move = replace(move, phase="placing", phase_ts=now, exclude=exclude, to_nodes=())
     status = msgspec.structs.replace(status, placement=(), members=())  # it holds no node
     status = _set_move(status, move, now, "rescheduling", "waiting for a placement")
     return Step(status)

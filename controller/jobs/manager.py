@@ -10,9 +10,10 @@ Every ``tick_s`` (and at once when something happens) one pass:
    (a crash, a lost connection) leaves them there, and the next pass of this manager or
    of a restarted one publishes them (deterministic event ids: the stream drops a
    repeat), then deletes them;
-2. the queue pass (:func:`metalguard.controller.jobs.scheduler.schedule_queue`) places
-   queued jobs and moves waiting for a placement, on the nodes the region's topology gives
-   (``fleet``), and starts preemptions.
+2. the queue pass (:func:`metalguard.controller.jobs.quota.schedule_with_quotas`: the
+   scheduler's ``schedule_queue`` under the tenants' quotas, MG_TENANTS) places queued
+   jobs and moves waiting for a placement, on the nodes the region's topology gives
+   (``fleet``), and starts preemptions (a tenant's reclaim among them).
 
 It hears from the nodes through their ``job_*`` NodeEvents (progress, periodic
 checkpoints, exits; docs/workloads.md) and talks to them with ``start`` / ``checkpoint`` /
@@ -26,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,14 +38,22 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
 from metalguard.controller.core.decide import changed_counts
-from metalguard.controller.jobs import blame, dma_watch, machine
+from metalguard.controller.jobs import blame, dma_watch, elastic, machine
 from metalguard.controller.jobs.machine import Emit, MoveOff, Send, Step, Timings, World
+from metalguard.controller.jobs.quota import (
+    check_against_fleet,
+    fleet_capacity,
+    schedule_with_quotas,
+    usage,
+)
 from metalguard.controller.jobs.scheduler import (
+    FleetIndex,
     FleetNode,
     JobRequest,
+    Placement,
+    Preemption,
     RunningJob,
     request_from_job,
-    schedule_queue,
 )
 from metalguard.controller.jobs.spec import NotLeaderError, parse_job
 from metalguard.controller.jobs.store import JobConflictError, JobStore
@@ -57,6 +66,7 @@ from metalguard.controller.jobs.straggler_watch import (
     straggler_event,
     window_from,
 )
+from metalguard.controller.jobs.tenant_store import TenantStore
 from metalguard.controller.stopping import cancel_within
 from metalguard.proto.base import NodeIdentity, Reason
 from metalguard.proto.codec import CodecError, decode, encode
@@ -64,6 +74,7 @@ from metalguard.proto.events import Command, CommandReply, ControllerEvent, Node
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, CheckpointRef, Job, JobStatus
 from metalguard.proto.nodes import NodeRecord
 from metalguard.proto.subjects import NodeEventSubject, SubjectError, Subjects
+from metalguard.proto.tenants import TenantQuota, TenantUsage
 from metalguard.runtime.deadlines import wait_event
 
 log = logging.getLogger(__name__)
@@ -132,8 +143,11 @@ class JobManager:
         report_suspects: Callable[[Mapping[str, tuple[str, ...]], float], Awaitable[object]]
         | None = None,
         report_stragglers: Callable[[Mapping[str, Reason], float], Awaitable[object]] | None = None,
+        tenants: TenantStore | None = None,
     ) -> None:
         self._nc = nc
+        self._tenants = tenants
+        """The tenants' quotas (MG_TENANTS; None: no quotas, the plain scheduler)."""
         self._report_stragglers = report_stragglers
         """Takes the nodes found slowing a job, their evidence and when the mark ends
         (the region controller's ``report_stragglers``)."""
@@ -470,31 +484,100 @@ class JobManager:
         self._live = {k: machine.resumed(s, now) for k, s in self.store.jobs.items()}
 
     async def _queue_pass(self, records: Mapping[str, NodeRecord], world: World) -> None:
-        waiting = [s for s in self._live.values() if machine.needs_placement(s)]
-        if not waiting:
+        """Place what waits (an elastic job at the largest size that fits now), start the
+        preemptions (an elastic victim shrinks when that makes room), then grow the
+        running elastic jobs into idle nodes (docs/jobs.md "Elastic jobs")."""
+        live = self._live.values()
+        growing = [s for s in live if _may_grow(s)]
+        if not growing and not any(machine.needs_placement(s) for s in live):
             return
-        queue: list[JobRequest] = []
-        running: list[RunningJob] = []
-        for s in self._live.values():
-            if s.job is None or s.state in TERMINAL_JOB_STATES:
-                continue
-            if machine.needs_placement(s):
-                exclude = s.move.exclude if s.move is not None else ()
-                queue.append(request_from_job(s.job, exclude))
-            elif s.placement:
-                running.append(RunningJob(request_from_job(s.job), s.placement))
-        decided = schedule_queue(queue, self._fleet(records), running)
+        queue, running = queue_and_running(live)
+        fleet = self._fleet(records)
+        index = FleetIndex(fleet, running)
+        quotas = self._tenants.quotas if self._tenants is not None else None
+        decided = schedule_with_quotas(queue, fleet, running, quotas, index=index)
+        reserved = {h for b in decided.blocked for h in b.reserved}
         for p in decided.placements:
             status = self._live[p.job_id]
-            await self._apply(machine.placed(status, p.nodes, world.now, p.level))
+            nodes, level = elastic_start(status, p, index, reserved)
+            await self._apply(machine.placed(status, nodes, world.now, level))
             await self._apply(machine.advance(self._live[p.job_id], world))
+        requests = {r.job_id: r for r in queue}
+        jobs = {s.job_id: s.job for s in live if s.job is not None}
         for pre in decided.preemptions:
-            for victim in pre.victims:
-                held = self._live.get(victim)
-                if held is not None:
-                    step = machine.preempt(held, world.now, pre.job_id)
-                    await self._apply(step)
-                    await self._apply(machine.advance(self._live[victim], world))
+            await self._preempt(pre, requests, running, jobs, index, world)
+        for status in growing:
+            status = self._live[status.job_id]
+            if not _may_grow(status) or status.job is None:
+                continue  # a victim of this pass
+            grown = elastic.grow_decision(
+                status.job, status.placement, index, world.now, run_started(status),
+                queue, reserved,
+            )  # fmt: skip
+            if grown is None:
+                continue
+            held = request_from_job(status.job)
+            index.release(held, status.placement)
+            index.commit(held, grown.to_nodes)
+            step = machine.resize(status, world.now, grown.to_nodes, "grow", grown.attributes())
+            await self._apply(step)
+            await self._apply(machine.advance(self._live[status.job_id], world))
+
+    async def _preempt(
+        self,
+        pre: Preemption,
+        requests: Mapping[str, JobRequest],
+        running: list[RunningJob],
+        jobs: Mapping[str, Job],
+        index: FleetIndex,
+        world: World,
+    ) -> None:
+        """Start one preemption: each victim checkpointed and stopped (back to the queue),
+        or an elastic victim shrunk onto the nodes the plan leaves it; a tenant's reclaim
+        says so (``tenant.reclaim``)."""
+        owner = self._live.get(pre.job_id)
+        reclaim_for = ""
+        if pre.cause == "reclaim" and owner is not None and owner.job is not None:
+            reclaim_for = owner.job.tenant
+        req = requests.get(pre.job_id)
+        shrinks = {}
+        if req is not None and pre.cause == "priority":
+            shrinks = elastic.shrink_victims(req, pre, running, jobs, index)
+        for victim in pre.victims:
+            held = self._live.get(victim)
+            if held is None:
+                continue
+            shrink = shrinks.get(victim)
+            if shrink is not None:
+                attrs = shrink.attributes()
+                step = machine.resize(held, world.now, shrink.to_nodes, "shrink", attrs)
+            else:
+                step = machine.preempt(held, world.now, pre.job_id, reclaim_for)
+            await self._apply(step)
+            await self._apply(machine.advance(self._live[victim], world))
+
+    # --- tenants (docs/scheduler.md "Tenant quotas") -------------------------------------
+
+    def tenant_usage(self) -> tuple[int, dict[str, TenantUsage]]:
+        """The fleet's GPUs and each tenant's quota and use (``GET /v1/tenants``)."""
+        fleet = self._fleet(self._nodes.records)
+        queue, running = queue_and_running(self._live.values())
+        quotas = self._tenants.quotas if self._tenants is not None else {}
+        return fleet_capacity(fleet)[0], usage(quotas, fleet, running, queue)
+
+    async def set_quota(self, quota: TenantQuota) -> TenantQuota:
+        """Store a tenant's quota (``PUT /v1/tenants/NAME``): QuotaError when the
+        guarantees would go beyond the fleet, TenantConflictError on a concurrent write,
+        NotLeaderError on a follower; the next pass schedules under it."""
+        self._check_leading()
+        if self._tenants is None:
+            raise NotLeaderError("this controller runs without tenant quotas")
+        total, by_type = fleet_capacity(self._fleet(self._nodes.records))
+        check_against_fleet({**self._tenants.quotas, quota.name: quota}, total, by_type)
+        async with self._lock:
+            stored = await self._tenants.put(quota)
+        self.wake()
+        return stored
 
     async def _apply(self, step: Step) -> None:
         """Put its events in the outbox, persist the new status, then publish the events
@@ -727,6 +810,60 @@ class RefusalLog:
             " [permanent]" if reply.result.get("permanent") is True else "",
         )  # fmt: skip
         return True
+
+
+def queue_and_running(
+    statuses: Iterable[JobStatus],
+) -> tuple[list[JobRequest], list[RunningJob]]:
+    """The scheduler's queue (jobs waiting for a placement, each with the nodes its move
+    excludes) and its running jobs (with when their run started) from the statuses."""
+    queue: list[JobRequest] = []
+    running: list[RunningJob] = []
+    for s in statuses:
+        if s.job is None or s.state in TERMINAL_JOB_STATES:
+            continue
+        if machine.needs_placement(s):
+            exclude = s.move.exclude if s.move is not None else ()
+            queue.append(request_from_job(s.job, exclude))
+        elif s.placement:
+            held = machine.held_nodes(s)
+            running.append(RunningJob(request_from_job(s.job), held, run_started(s)))
+    return queue, running
+
+
+def _may_grow(status: JobStatus) -> bool:
+    """A running elastic job below its ``max_nodes``, not in a move."""
+    job = status.job
+    if job is None or status.state != "running" or status.move is not None:
+        return False
+    span = elastic.node_range(job)
+    return span.elastic and len(status.placement) < span.high
+
+
+def elastic_start(
+    status: JobStatus, placed: Placement, index: FleetIndex, reserved: Collection[str]
+) -> tuple[tuple[str, ...], str]:
+    """Where a placed job starts, and the level: an elastic job at the largest size that
+    fits now (never on ``reserved``: nodes held back for blocked jobs), the placement
+    as the queue pass gave it otherwise (``index`` holds the one chosen)."""
+    job = status.job
+    if job is None or not elastic.node_range(job).elastic:
+        return placed.nodes, placed.level
+    exclude = status.move.exclude if status.move is not None else ()
+    req = request_from_job(job, exclude)
+    index.release(req, placed.nodes)
+    best = elastic.initial_size(job, index, (*exclude, *(set(reserved) - set(placed.nodes))))
+    chosen = best if best is not None and len(best.nodes) > len(placed.nodes) else placed
+    index.commit(req, chosen.nodes)
+    return chosen.nodes, chosen.level
+
+
+def run_started(status: JobStatus) -> float:
+    """When the job's current run started: its latest move into ``running`` (0: never)."""
+    for transition in reversed(status.history):
+        if transition.state == "running":
+            return transition.ts
+    return 0.0
 
 
 def on_its_subject(subjects: Subjects, subject: str, event: NodeEvent) -> bool:

@@ -161,6 +161,9 @@ class RunningJob:
 
     request: JobRequest
     placement: tuple[str, ...]
+    started_ts: float = 0.0
+    """When it started (its current run): tenant reclaim takes the most recently started
+    first among equal priorities (``controller.jobs.quota``); the rest ignores it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +184,10 @@ class Preemption:
     job_id: str
     victims: tuple[str, ...]
     placement: Placement
+    cause: Literal["priority", "reclaim"] = "priority"
+    """``priority``: the victims rank lower (this module); ``reclaim``: other tenants'
+    work on borrowed capacity, taken back for a tenant inside its guarantee
+    (``controller.jobs.quota``, docs/scheduler.md "Tenant quotas")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -863,6 +870,19 @@ def plan_preemption(
     if index.place(req) is not None:
         return None
     return _plan_on(index, req, running, budget)
+
+
+def plan_among(
+    index: FleetIndex,
+    req: JobRequest,
+    candidates: Iterable[RunningJob],
+    budget: int = PREEMPTION_SEARCH_BUDGET,
+) -> Preemption | None:
+    """:func:`plan_preemption` on an index that holds the running jobs (left as it was),
+    choosing only among ``candidates`` (some of them; the preemptible, lower-priority ones
+    are kept), for a ``req`` that does not fit as it is.  For callers that narrow the
+    candidates (tenant quotas: a tenant's own jobs)."""
+    return _plan_on(index, req, candidates, budget)
 
 
 def _plan_on(

@@ -121,6 +121,8 @@ def parse_job(raw: Any, now: float, job_id: str | None = None) -> Job:
         except msgspec.ValidationError as exc:
             reasons.append(describe_validation_error(str(exc)))
             del data[key]
+    if "nodes" not in data and isinstance(data.get("min_nodes"), int):
+        data["nodes"] = data["min_nodes"]  # an elastic job asks for its least first
     if "name" not in data and not any(r.startswith("name:") for r in reasons):
         reasons.append("name: missing (required)")
     if reasons:
@@ -143,6 +145,7 @@ def job_problems(job: Job) -> list[str]:
         reasons.append("tenant: must be a non-empty name without '.', '*', '>' or spaces")
     if job.nodes > MAX_NODES:
         reasons.append(f"nodes: at most {MAX_NODES}")
+    reasons += node_range_problems(job)
     if not job.command.strip():
         reasons.append("command: must not be empty (the program each member runs)")
     if job.gpu_type and job.gpus_per_node == 0:
@@ -170,4 +173,26 @@ def job_problems(job: Job) -> list[str]:
     for region in job.allowed_regions:
         if not region or any(c in region for c in ". *>"):
             reasons.append(f"allowed_regions: {region!r} is not a region name")
+    return reasons
+
+
+def node_range_problems(job: Job) -> list[str]:
+    """What is wrong with an elastic job's sizes (docs/jobs.md "Elastic jobs"): each
+    bound at most ``MAX_NODES``, ``min_nodes <= max_nodes``, ``nodes`` within both, and a
+    resize interval of at least 0 seconds."""
+    reasons = [
+        f"{key}: at most {MAX_NODES}"
+        for key, value in (("min_nodes", job.min_nodes), ("max_nodes", job.max_nodes))
+        if value is not None and value > MAX_NODES
+    ]
+    low, high = job.min_nodes, job.max_nodes
+    if low is not None and high is not None and low > high:
+        reasons.append(f"min_nodes: must be <= max_nodes ({low} > {high})")
+    else:
+        if low is not None and job.nodes < low:
+            reasons.append(f"nodes: must be >= min_nodes ({job.nodes} < {low})")
+        if high is not None and job.nodes > high:
+            reasons.append(f"nodes: must be <= max_nodes ({job.nodes} > {high})")
+    if not job.resize_interval_s >= 0:
+        reasons.append("resize_interval_s: must be >= 0 seconds")
     return reasons

@@ -68,6 +68,7 @@ def bucket_configs(subjects: Subjects, settings: StreamSettings) -> list[KeyValu
         KeyValueConfig(bucket=subjects.bucket("nodes"), history=5, replicas=r),
         KeyValueConfig(bucket=subjects.bucket("jobs"), history=10, replicas=r),
         KeyValueConfig(bucket=subjects.bucket("qos"), history=10, replicas=r),
+        KeyValueConfig(bucket=subjects.bucket("tenants"), history=10, replicas=r),
         KeyValueConfig(bucket=subjects.bucket("provision"), history=10, replicas=r),
         KeyValueConfig(
             bucket=subjects.bucket("leases"), history=1, ttl=settings.lease_ttl_s, replicas=r

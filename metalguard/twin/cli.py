@@ -21,10 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from metalguard.twin.model import JobSpec, Policy, TwinInputs, TwinResult
+    from metalguard.twin.sync import PlacementMode
 
 POLICY_CHOICES = ("static", "reactive", "metalguard")
 """The policies by name (:data:`metalguard.twin.model.POLICY_NAMES`, kept here so that
 registering the command imports nothing of the twin)."""
+
+PLACEMENT_CHOICES = ("topology", "blind")
+"""``--placement`` (:data:`metalguard.twin.sync.PLACEMENT_MODES`, kept here for the same
+reason)."""
 
 PREFIX = "metalguard twin"
 
@@ -115,6 +120,13 @@ def _input_options() -> argparse.ArgumentParser:
         help="the detector's timing window in seconds (default 30: a verdict after "
         "1 warm-up + 4 windows, 2.5 min)",
     )
+    common.add_argument(
+        "--placement",
+        choices=PLACEMENT_CHOICES,
+        default="topology",
+        help="what the scheduler sees of the racks and clusters: topology (default), or "
+        "blind (every node in one rack; the sync model still judges the real topology)",
+    )
     gangs = common.add_mutually_exclusive_group()
     gangs.add_argument(
         "--gangs", metavar="TOML", help="the gang generator's parameters (default: built in)"
@@ -166,6 +178,7 @@ def build_inputs(
     gangs: str | None = None,
     no_gangs: bool = False,
     straggler_rate: float | None = None,
+    placement: PlacementMode = "topology",
 ) -> TwinInputs:
     """The run's inputs from the command line's values (the files read and checked; a
     :class:`~metalguard.twin.errors.TwinInputError` for bad input). The gang generator
@@ -217,7 +230,13 @@ def build_inputs(
         "straggler_rate_per_node_day": straggler_rate,
     }
     return TwinInputs(
-        nodes=tuple(fleet), jobs=jobs, failures=model, days=days, seed=seed, workload=workload
+        nodes=tuple(fleet),
+        jobs=jobs,
+        failures=model,
+        days=days,
+        seed=seed,
+        workload=workload,
+        placement=placement,
     )
 
 
@@ -232,6 +251,7 @@ def _inputs(args: argparse.Namespace) -> TwinInputs:
         gangs=args.gangs,
         no_gangs=args.no_gangs,
         straggler_rate=args.straggler_rate,
+        placement=args.placement,
     )
 
 

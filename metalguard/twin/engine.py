@@ -67,6 +67,7 @@ from metalguard.twin.model import (
     TwinInputs,
     TwinResult,
 )
+from metalguard.twin.sync import GangSegment, scheduler_view
 
 SAMPLES = 400
 """Timeline samples per run when ``sample_s`` is not given."""
@@ -174,10 +175,12 @@ class Engine:
         self.base: dict[str, FleetNode] = {n.handle: n for n in inputs.nodes}
         if len(self.base) != len(inputs.nodes):
             raise ValueError("two nodes have the same handle")
-        self.nodes = dict(self.base)
+        self.nodes = {h: scheduler_view(n, inputs.placement) for h, n in self.base.items()}
         """The scheduler's view: the health model's record (grade; cordoned = cordoned or
         held: the controller's own ``topology.fleet_node``), cordoned while out of
-        service."""
+        service; its topology collapsed under ``blind`` placement."""
+        self.segments: list[GangSegment] = []
+        """Each multi-node gang's holdings, for the sync model (on the real topology)."""
         self._handles = tuple(self.nodes)
         self.grades: dict[str, str] = {h: n.grade for h, n in self.nodes.items()}
         """What the job machine reads (MG_NODES); static has no health system: never
@@ -260,6 +263,7 @@ class Engine:
         self.now = self.end
         records = []
         for tj in self.twins.values():
+            self._segment(tj)  # what still holds its nodes at the end
             done = kept_progress(tj, self.end)
             self._count_interruption(tj.settle(self.end))
             records.append(outcome_record(tj, self.end, done))
@@ -278,6 +282,7 @@ class Engine:
             events=self.events,
             decisions={k: decisions[k] for k in sorted(decisions)},
             stragglers=self.stragglers,
+            segments=tuple(self.segments),
         )
 
     # --- jobs: the machine and the agents --------------------------------------------------
@@ -412,6 +417,7 @@ class Engine:
 
     def _release(self, tj: TwinJob) -> None:
         self._count_interruption(tj.close_gen(self.now))
+        self._segment(tj)
         if self.index is not None:
             self.index.release(tj.request, tj.held)
         aid = tj.job.job_id
@@ -429,6 +435,14 @@ class Engine:
         self.holders.pop(aid, None)
         tj.held, tj.gpus_held = (), 0
         self._changed()
+
+    def _segment(self, tj: TwinJob) -> None:
+        """Record a multi-node gang's holding, from its placement to now."""
+        if len(tj.held) > 1:
+            seg = GangSegment(
+                tj.spec.job_id, tj.held, tj.gpus_held, tj.job.priority, tj.held_since, self.now
+            )
+            self.segments.append(seg)
 
     def _count_interruption(self, what: tuple[str, str] | None) -> None:
         if what is not None:
@@ -818,6 +832,7 @@ class Engine:
             self.grades[h] = new.grade
         if h in self.out and not new.cordoned:
             new = msgspec.structs.replace(new, cordoned=True)
+        new = scheduler_view(new, self.inputs.placement)
         if new == old:
             return
         self.nodes[h] = new

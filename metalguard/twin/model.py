@@ -15,6 +15,7 @@ from typing import Literal
 
 from metalguard.controller.core import stragglers as straggler_detector
 from metalguard.controller.jobs.scheduler import FleetNode
+from metalguard.twin.sync import GangSegment, PlacementMode
 
 DAY_S = 86_400.0
 
@@ -271,6 +272,9 @@ class TwinInputs:
     seed: int
     workload: dict[str, object] = field(default_factory=dict)
     """The workload's stated parameters (trace file, generator settings), for the report."""
+    placement: PlacementMode = "topology"
+    """What the scheduler sees of the topology (``blind``: one rack of one cluster;
+    :mod:`metalguard.twin.sync`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,3 +342,5 @@ class TwinResult:
     preemptions, moves) for the report."""
     stragglers: tuple[Straggler, ...] = ()
     """Every fail-slow episode drawn for the run."""
+    segments: tuple[GangSegment, ...] = ()
+    """Every multi-node gang's placements, from when to when (for the sync model)."""

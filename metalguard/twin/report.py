@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from metalguard.controller.cli.console import table
+from metalguard.twin import sync as syncmodel
 from metalguard.twin.failures import model_dict
 from metalguard.twin.model import DAY_S, JobOutcomeRecord, TwinResult
 
@@ -44,8 +45,14 @@ interruptions by a fault of that cause (unplanned), or by a move with notice (pl
 ``precursor``, ``planned maintenance``, ``preempted``, ...)."""
 
 
-def build_report(result: TwinResult) -> dict[str, Any]:
-    """The report of one run (every key always present; null where nothing to measure)."""
+def build_report(
+    result: TwinResult,
+    *,
+    fabric: syncmodel.Fabric = syncmodel.FABRIC,
+    step: syncmodel.StepModel = syncmodel.STEP,
+) -> dict[str, Any]:
+    """The report of one run (every key always present; null where nothing to measure);
+    ``fabric`` and ``step``: the sync model's (:mod:`metalguard.twin.sync`)."""
     inputs = result.inputs
     run_end_s = inputs.days * DAY_S
     node_days = len(inputs.nodes) * inputs.days
@@ -74,6 +81,8 @@ def build_report(result: TwinResult) -> dict[str, Any]:
         },
         "interruptions_per_job_month": interruptions_per_job_month(jobs),
         "stragglers": stragglers(result),
+        "placement": inputs.placement,
+        "sync": sync(result, fabric, step),
         "queue_wait_s": queue_wait(jobs),
         "jobs": job_counts(jobs),
         "failure_model": model_dict(inputs.failures),
@@ -142,6 +151,78 @@ def stragglers(result: TwinResult) -> dict[str, Any]:
         "gpu_hours_moves": sum(j.straggler_move_s * j.gpus for j in result.jobs) / 3600,
         "decisions": dict(sorted(counters.items())),
     }
+
+
+SYNC_DEFINITION = (
+    "multi-node gangs only (one node reduces over NVLink, off the fabric). Per gang and "
+    "placement: step = compute_s + the all-reduce (alpha-beta: latency steps + 2(n-1)/n x "
+    "message_bytes over each GPU's bottleneck share: on one leaf its NIC; across leaves or "
+    "clusters its slowest node's share of the uplinks it crosses, shared with every gang "
+    "crossing them), recomputed whenever those loads change, judged on the real topology "
+    "whatever the scheduler saw. sync_time_share: all-reduce seconds / step seconds, "
+    "GPU-time weighted. scaling_efficiency: steps per GPU done / the steps the same gangs "
+    "would have done on one uncongested leaf. step_time_s, sync_time_s p50/p90: over gangs "
+    "of their time-weighted means; sync_time_s.mean GPU-time weighted, one_leaf_mean the "
+    "same gangs on one leaf. bound_by, spread: shares of the gangs' GPU-time."
+)
+
+
+def sync(
+    result: TwinResult,
+    fabric: syncmodel.Fabric = syncmodel.FABRIC,
+    step: syncmodel.StepModel = syncmodel.STEP,
+) -> dict[str, Any]:
+    """The ``sync`` section: the multi-node gangs' step time, the share spent in the
+    all-reduce and the scaling efficiency against one leaf, fleet-wide, per priority
+    class and per gang size (:func:`metalguard.twin.sync.summarise`)."""
+    gangs = syncmodel.summarise(result.segments, result.inputs.nodes, fabric, step)
+    steps = sorted(g.mean_step_s for g in gangs)
+    syncs = sorted(g.mean_sync_s for g in gangs)
+    gpu_s = sum(g.gpus * g.wall_s for g in gangs)
+    sizes: dict[int, list[syncmodel.GangSync]] = {}
+    for g in gangs:
+        sizes.setdefault(g.gpus, []).append(g)
+    return {
+        **_sync_totals(gangs),
+        "step_time_s": {"p50": percentile(steps, 50), "p90": percentile(steps, 90)},
+        "sync_time_s": {
+            "mean": _ratio(sum(g.gpus * g.sync_s for g in gangs), gpu_s),
+            "one_leaf_mean": _ratio(sum(g.gpus * g.one_leaf_sync_s for g in gangs), gpu_s),
+            "p50": percentile(syncs, 50),
+            "p90": percentile(syncs, 90),
+        },
+        "bound_by": _gpu_time_shares(gangs, "bound_s", syncmodel.BOUNDS),
+        "spread": _gpu_time_shares(gangs, "spread_s", ("one_leaf", "leaves", "clusters")),
+        "by_class": {
+            "priority": _sync_totals([g for g in gangs if g.priority]),
+            "other": _sync_totals([g for g in gangs if not g.priority]),
+        },
+        "by_gang_gpus": {str(n): _sync_totals(sizes[n]) for n in sorted(sizes)},
+        "model": {"fabric": dataclasses.asdict(fabric), "step": dataclasses.asdict(step)},
+        "definition": SYNC_DEFINITION,
+    }
+
+
+def _sync_totals(gangs: Sequence[syncmodel.GangSync]) -> dict[str, Any]:
+    """Gangs, GPU-hours, GPU-time weighted ``sync_time_share`` and ``scaling_efficiency``."""
+    return {
+        "gangs": len(gangs),
+        "gpu_hours": sum(g.gpus * g.wall_s for g in gangs) / 3600,
+        "sync_time_share": _ratio(
+            sum(g.gpus * g.sync_s for g in gangs), sum(g.gpus * g.step_s for g in gangs)
+        ),
+        "scaling_efficiency": _ratio(
+            sum(g.gpus * g.steps for g in gangs), sum(g.gpus * g.one_leaf_steps for g in gangs)
+        ),
+    }
+
+
+def _gpu_time_shares(
+    gangs: Sequence[syncmodel.GangSync], attr: str, keys: Sequence[str]
+) -> dict[str, float | None]:
+    """Each key's share of the gangs' GPU-time, from a per-gang seconds table."""
+    total = sum(g.gpus * g.wall_s for g in gangs)
+    return {k: _ratio(sum(g.gpus * getattr(g, attr)[k] for g in gangs), total) for k in keys}
 
 
 def interruptions_by_cause(result: TwinResult) -> dict[str, dict[str, int]]:
@@ -246,14 +327,27 @@ STRAGGLER_ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 """Rows added to :func:`compare_table` when a run had stragglers."""
 
+SYNC_ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("placement", ("placement",), "num"),
+    ("sync time share", ("sync", "sync_time_share"), "pct"),
+    ("scaling efficiency", ("sync", "scaling_efficiency"), "pct"),
+    ("sync time mean (s)", ("sync", "sync_time_s", "mean"), "num"),
+    ("step time p50 (s)", ("sync", "step_time_s", "p50"), "num"),
+    ("step time p90 (s)", ("sync", "step_time_s", "p90"), "num"),
+)
+"""Rows added to :func:`compare_table` when a run had multi-node gangs."""
+
 
 def compare_table(reports: Sequence[Mapping[str, Any]]) -> str:
     """One text table: a row per measure, a column per report (headed by its policy);
-    the straggler rows only when a run had stragglers."""
+    the straggler rows only when a run had stragglers, the sync rows only when one had
+    multi-node gangs."""
     headers = ["", *(str(r["policy"]) for r in reports)]
     rows_spec = ROWS
     if any(_lookup(r, ("stragglers", "episodes")) for r in reports):
-        rows_spec = (*ROWS, *STRAGGLER_ROWS)
+        rows_spec = (*rows_spec, *STRAGGLER_ROWS)
+    if any(_lookup(r, ("sync", "gangs")) for r in reports):
+        rows_spec = (*rows_spec, *SYNC_ROWS)
     rows = [
         [label, *(_format(_lookup(r, path), kind) for r in reports)]
         for label, path, kind in rows_spec

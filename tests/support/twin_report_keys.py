@@ -17,6 +17,8 @@ REPORT_KEYS = frozenset(
         "interruptions",
         "interruptions_per_job_month",
         "stragglers",
+        "placement",
+        "sync",
         "queue_wait_s",
         "jobs",
         "failure_model",

@@ -33,6 +33,7 @@ from metalguard.controller.api.provision import ProvisionView
 from metalguard.controller.api.qos import _name
 from metalguard.controller.api.shapes import JobSummary, NodeSummary
 from metalguard.controller.api.sse import EventSource, parse_last_event_id, parse_since
+from metalguard.controller.api.tenants import TenantsView
 from metalguard.controller.qos import QosStore
 from metalguard.proto.base import NodeIdentity, Reason
 from metalguard.proto.jobs import Job, JobStatus, MemberState
@@ -61,6 +62,7 @@ def app_with(*, everything: bool) -> web.Application:
         qos=cast(QosStore, object()),
         jobs=cast(JobsView, object()),
         provision=cast(ProvisionView, object()),
+        tenants=cast(TenantsView, object()),
     )
     add_leader_route(app, cast(LeaderView, object()))
     add_fleet_routes(app, cast(FleetApi, object()))

@@ -354,7 +354,8 @@ def test_every_job_event_kind_is_documented() -> None:
     assert not missing
     source = Path(m.__file__).read_text()
     # the machine's, and the straggler watch's whole-job slowdown (the job manager's)
-    emitted = set(re.findall(r'"(job\.[a-z_]+)"', source)) | {"job.failed", "job.cancelled"}
+    emitted = set(re.findall(r'"((?:job|tenant)\.[a-z_]+)"', source))
+    emitted |= {"job.failed", "job.cancelled"}
     emitted |= {JOB_SLOWED}
     assert emitted == JOB_EVENT_KINDS
 

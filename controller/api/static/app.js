@@ -864,10 +864,39 @@
       );
     });
     return [
+      ...(await tenantsPanel()),
       h("h2", { text: `Jobs: ${jobs.length}` }),
       jobs.length
         ? table("Jobs, oldest first", ["id", "name", "tenant", "state", "placement", "step", "checkpoint", "restarts", "moves (from → to, step)", "downtime", "reason / digest"], rows, { id: "jobs" })
         : h("p", { class: "muted", text: "No job submitted." }),
+    ];
+  }
+
+  /** GET /v1/tenants as a table (guarantee, in use, borrowed, lent, waiting), or nothing
+   * where the controller has no tenants route or no tenant yet. */
+  async function tenantsPanel() {
+    let body;
+    try {
+      body = await api("v1/tenants");
+    } catch (_) {
+      return [];
+    }
+    if (!body.tenants.length) return [];
+    const rows = body.tenants.map((t) =>
+      h(
+        "tr",
+        { dataset: { tenant: t.name } },
+        h("td", { text: t.name }),
+        h("td", { class: "num", text: t.quota ? String(t.guarantee) : "— (idle only)" }),
+        h("td", { class: "num", text: String(t.in_use) }),
+        h("td", { class: "num", text: String(t.borrowed) }),
+        h("td", { class: "num", text: String(t.lent) }),
+        h("td", { class: "num", text: `${t.waiting} (${t.waiting_jobs} jobs)` }),
+      ),
+    );
+    return [
+      h("h2", { text: `Tenants (fleet: ${body.fleet_gpus} GPUs)` }),
+      table("Tenants' quotas and use, in GPUs", ["tenant", "guarantee", "in use", "borrowed", "lent", "waiting"], rows, { id: "tenants-quota" }),
     ];
   }
 

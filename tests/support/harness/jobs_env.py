@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import importlib.util
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ from metalguard.controller.core.lifecycle import LifecycleConfig
 from metalguard.controller.ingest.consumer import Ingest, IngestSettings
 from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.store import JobStore
+from metalguard.controller.jobs.tenant_store import TenantStore
 from metalguard.controller.region import RegionController
 from metalguard.controller.remediation import Remediation
 from metalguard.controller.state.store import NodeStore
@@ -32,6 +33,7 @@ from metalguard.proto.codec import decode
 from metalguard.proto.events import ControllerEvent
 from metalguard.proto.jobs import TERMINAL_JOB_STATES, JobStatus
 from metalguard.proto.subjects import Subjects
+from metalguard.proto.tenants import TenantQuota
 from tests.support import ROOT
 from tests.support.waiting import wait_until
 
@@ -177,11 +179,17 @@ async def jobs_env(
     store_factory: Callable[[Any], Any] | None = None,
     lifecycle: LifecycleConfig = LIFECYCLE,
     settings: JobSettings = SETTINGS,
+    tenants: Sequence[TenantQuota] | None = None,
 ) -> AsyncIterator[JobsEnv]:
     """A started region of ``racks`` x ``nodes_per_rack`` simulated nodes, every node graded
     HEALTHY before it is yielded; everything stopped afterwards (``lifecycle``: the
-    region's, no safety rail unless given; ``settings``: the job manager's)."""
+    region's, no safety rail unless given; ``settings``: the job manager's; ``tenants``:
+    the quotas MG_TENANTS is seeded with, None: a job manager without quotas)."""
     js = nc.jetstream(timeout=5)
+    tenant_store = None
+    if tenants is not None:
+        tenant_store = await TenantStore.open(js, subjects)
+        await tenant_store.seed(tenants)
     store = await NodeStore.open(js, subjects)
     region = RegionController(js, store, subjects, REGION, lifecycle)
     await region.start(silence_interval_s=0.25)
@@ -195,6 +203,7 @@ async def jobs_env(
         nc, js, await JobStore.open(js, subjects), store, subjects, REGION, settings,
         fleet=region.topology.fleet, report_running=region.report_running,
         report_suspects=region.report_suspects, report_stragglers=region.report_stragglers,
+        tenants=tenant_store,
     )  # fmt: skip
     remediation = Remediation(nc, js, store, subjects, REGION, tick_s=0.2, timeout_s=30.0)
     env = JobsEnv(
