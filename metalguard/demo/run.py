@@ -58,6 +58,7 @@ from metalguard.controller.federation.view import busy_nodes, job_counts
 from metalguard.controller.jobs.manager import JobManager, JobSettings
 from metalguard.controller.jobs.spec import JobRejectedError
 from metalguard.controller.jobs.store import JobStore
+from metalguard.controller.jobs.tenant_store import TenantStore
 from metalguard.controller.qos import QosStore
 from metalguard.controller.region import RegionController
 from metalguard.controller.remediation import Remediation
@@ -516,6 +517,7 @@ async def _start_region(
         report_running=controller.report_running,
         report_suspects=controller.report_suspects,
         report_stragglers=controller.report_stragglers,
+        tenants=await TenantStore.open(js, subjects),  # `metalguard tenants set` works here
     )
     federation = Federation(
         nc,
@@ -608,6 +610,7 @@ async def run_demo(options: DemoOptions) -> int:
             qos=qos,
             jobs=first.jobs,
             provision=first.provision.service,
+            tenants=first.jobs,
         )
         add_fleet_routes(app, first.federation)
         runner, api_url = await _serve_api(app, options.http)

@@ -1,6 +1,7 @@
 """`metalguard demo` makes an admin token per run and prints it (docs/demo.md): reads stay
 open (the dashboard, `metalguard nodes`), actions need that token: without it 401, with
-it `metalguard cordon` and `metalguard jobs submit` work against the demo."""
+it `metalguard cordon`, `metalguard jobs submit` and `metalguard tenants set` work against
+the demo."""
 
 from __future__ import annotations
 
@@ -72,5 +73,12 @@ def test_the_demo_prints_an_admin_token_that_actions_need(tmp_path: Path) -> Non
         )
         assert submitted.returncode == 0, submitted.stderr
         assert "by-hand" in submitted.stdout
+        quota = _cli(api, token, "tenants", "set", "team-a", "--gpus", "16")
+        assert quota.returncode == 0, quota.stderr
+        listed = _cli(api, None, "tenants", "list", "--format", "json")
+        assert listed.returncode == 0, listed.stderr
+        tenants = {t["name"]: t for t in json.loads(listed.stdout)["tenants"]}
+        assert tenants["team-a"]["guarantee"] == 16
+        assert _cli(api, None, "tenants", "set", "team-b", "--gpus", "8").returncode != 0
     finally:
         demo.kill()
