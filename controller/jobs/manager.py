@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,6 +43,7 @@ from metalguard.controller.jobs.machine import Emit, MoveOff, Send, Step, Timing
 from metalguard.controller.jobs.quota import (
     check_against_fleet,
     fleet_capacity,
+    may_hold,
     schedule_with_quotas,
     usage,
 )
@@ -497,9 +498,13 @@ class JobManager:
         quotas = self._tenants.quotas if self._tenants is not None else None
         decided = schedule_with_quotas(queue, fleet, running, quotas, index=index)
         reserved = {h for b in decided.blocked for h in b.reserved}
+
+        def allowed(req: JobRequest, nodes: Sequence[str]) -> bool:
+            return may_hold(quotas, running, index.nodes, req, nodes)
+
         for p in decided.placements:
             status = self._live[p.job_id]
-            nodes, level = elastic_start(status, p, index, reserved)
+            nodes, level = elastic_start(status, p, index, reserved, allowed)
             await self._apply(machine.placed(status, nodes, world.now, level))
             await self._apply(machine.advance(self._live[p.job_id], world))
         requests = {r.job_id: r for r in queue}
@@ -514,9 +519,9 @@ class JobManager:
                 status.job, status.placement, index, world.now, run_started(status),
                 queue, reserved,
             )  # fmt: skip
-            if grown is None:
-                continue
             held = request_from_job(status.job)
+            if grown is None or not allowed(held, grown.to_nodes):
+                continue  # no room, or more than its tenant may borrow
             index.release(held, status.placement)
             index.commit(held, grown.to_nodes)
             step = machine.resize(status, world.now, grown.to_nodes, "grow", grown.attributes())
@@ -841,11 +846,16 @@ def _may_grow(status: JobStatus) -> bool:
 
 
 def elastic_start(
-    status: JobStatus, placed: Placement, index: FleetIndex, reserved: Collection[str]
+    status: JobStatus,
+    placed: Placement,
+    index: FleetIndex,
+    reserved: Collection[str],
+    allowed: Callable[[JobRequest, Sequence[str]], bool] = lambda _req, _nodes: True,
 ) -> tuple[tuple[str, ...], str]:
     """Where a placed job starts, and the level: an elastic job at the largest size that
-    fits now (never on ``reserved``: nodes held back for blocked jobs), the placement
-    as the queue pass gave it otherwise (``index`` holds the one chosen)."""
+    fits now (never on ``reserved``: nodes held back for blocked jobs) and that
+    ``allowed`` (its tenant's quota), the placement as the queue pass gave it otherwise
+    (``index`` holds the one chosen)."""
     job = status.job
     if job is None or not elastic.node_range(job).elastic:
         return placed.nodes, placed.level
@@ -853,7 +863,8 @@ def elastic_start(
     req = request_from_job(job, exclude)
     index.release(req, placed.nodes)
     best = elastic.initial_size(job, index, (*exclude, *(set(reserved) - set(placed.nodes))))
-    chosen = best if best is not None and len(best.nodes) > len(placed.nodes) else placed
+    bigger = best is not None and len(best.nodes) > len(placed.nodes)
+    chosen = best if best is not None and bigger and allowed(req, best.nodes) else placed
     index.commit(req, chosen.nodes)
     return chosen.nodes, chosen.level
 

@@ -241,6 +241,31 @@ def held_gpus(req: JobRequest, placement: Iterable[str], nodes: Mapping[str, Fle
     return out
 
 
+def may_hold(
+    quotas: Mapping[str, TenantQuota] | None,
+    running: Iterable[RunningJob],
+    nodes: Mapping[str, FleetNode],
+    req: JobRequest,
+    placement: Sequence[str],
+) -> bool:
+    """Whether ``req``'s tenant may hold ``placement`` for it (an elastic job's larger
+    size) beside what its other running jobs hold: inside its guarantee, or borrowing
+    within its ``borrow_limit`` (no quotas: always).  ``running`` may hold ``req``'s own
+    current placement; it is left out."""
+    if not quotas:
+        return True
+    held: Gpus = Counter()
+    for job in running:
+        if job.request.tenant == req.tenant and job.request.job_id != req.job_id:
+            held.update(held_gpus(job.request, job.placement, nodes))
+    held.update(held_gpus(req, placement, nodes))
+    guarantee = Guarantee.of(quotas.get(req.tenant))
+    borrowed = guarantee.borrowed(held)
+    if borrowed == 0:
+        return True
+    return guarantee.borrow_limit is None or borrowed <= guarantee.borrow_limit
+
+
 def asked_gpus(req: JobRequest, nodes: Iterable[FleetNode]) -> Gpus:
     """The GPUs a queued job asks for, by its ``gpu_type`` ("" when any): a whole-node
     job counts the biggest node of its type."""

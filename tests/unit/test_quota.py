@@ -11,6 +11,7 @@ from metalguard.controller.jobs.quota import (
     check_against_fleet,
     fleet_capacity,
     held_gpus,
+    may_hold,
     parse_quota,
     parse_tenants,
     schedule_with_quotas,
@@ -331,3 +332,23 @@ def test_capacity_a_reclaim_frees_beyond_its_job_waits_for_the_next_pass() -> No
     assert (plan.job_id, set(plan.victims)) == ("b1", {"c0", "c1"})
     # the fourth node c's jobs free is a1's once they stop: nothing is taken for it now
     assert [(b.job_id, b.reason) for b in got.blocked] == [("a1", "waiting for capacity")]
+
+
+# --- an elastic job's larger size (may_hold) ---------------------------------------------
+
+
+def test_an_elastic_size_is_held_inside_the_guarantee_or_within_the_borrow_limit() -> None:
+    nodes = {n.handle: n for n in _nodes(6)}
+    elastic = _job("e", "a", nodes=2)
+    other = _run(_job("o", "a"), 0)  # 8 GPUs of tenant a elsewhere
+    foreign = _run(_job("x", "b", nodes=3), 3, 4, 5)  # another tenant's: not counted
+    running = [other, foreign, _run(elastic, 1, 2)]
+    bigger = ("r1.c1.n1", "r1.c1.n2", "r1.c1.n3")  # 24 GPUs for the elastic job
+    assert may_hold(None, running, nodes, elastic, bigger)
+    assert may_hold({}, running, nodes, elastic, bigger)
+    assert may_hold(_quotas(a=32), running, nodes, elastic, bigger)  # 8 + 24 = its 32
+    capped = {"a": TenantQuota(name="a", gpus=16, borrow_limit=8)}
+    assert not may_hold(capped, running, nodes, elastic, bigger)  # borrows 16 > 8
+    assert may_hold(capped, running, nodes, elastic, bigger[:2])  # borrows 8: its limit
+    unlimited = {"a": TenantQuota(name="a", gpus=16)}
+    assert may_hold(unlimited, running, nodes, elastic, bigger)  # no borrow limit
