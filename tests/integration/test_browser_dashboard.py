@@ -39,6 +39,7 @@ from metalguard.controller.api.app import make_app
 from metalguard.controller.core.topology import TopologyView
 from metalguard.controller.jobs.manager import JobManager
 from metalguard.controller.jobs.store import JobStore
+from metalguard.controller.jobs.tenant_store import TenantStore
 from metalguard.controller.qos import QosStore
 from metalguard.demo.sim.provision import SimProvisioning, sim_mac
 from metalguard.proto.base import NodeIdentity
@@ -47,6 +48,7 @@ from metalguard.proto.provision import InstanceRequest
 from metalguard.proto.qos import decode_profile
 from metalguard.proto.subjects import Subjects
 from metalguard.proto.telemetry import NetInterface, QosInterfaceStatus, TelemetryBatch
+from metalguard.proto.tenants import TenantQuota
 from tests.support.clock import T0
 from tests.support.harness.api_env import FATAL, FLEET, READ_TOKEN, ApiEnv, api_env
 from tests.support.harness.api_fleet import NoEvents, fleet_view
@@ -322,17 +324,19 @@ class NoNodes:
     records: Mapping[str, NodeRecord] = field(default_factory=dict)
 
 
-async def test_the_jobs_view_lists_the_job_manager_s_jobs(
+async def test_the_jobs_view_lists_the_job_manager_s_jobs_and_the_tenants(
     browser: WebDriver, nc: Client, subjects: Subjects
 ) -> None:
     async with api_env(nc, subjects) as env:
         js = nc.jetstream(timeout=5)
+        tenants = await TenantStore.open(js, subjects)
+        await tenants.seed([TenantQuota(name="vision", gpus=32)])
         manager = JobManager(
             nc, js, await JobStore.open(js, subjects), NoNodes(), subjects, "r1",
-            fleet=TopologyView().fleet, clock=env.clock,
+            fleet=TopologyView().fleet, clock=env.clock, tenants=tenants,
         )  # fmt: skip
         job = await manager.submit(dict(JOB))
-        app = make_app(env.controller, env.source, jobs=manager)
+        app = make_app(env.controller, env.source, jobs=manager, tenants=manager)
         async with serve(app) as base:
             await asyncio.to_thread(browser.get, f"{base}/ui/#/jobs")
             css = f'#jobs tr[data-job="{job.job_id}"]'
@@ -350,6 +354,19 @@ async def test_the_jobs_view_lists_the_job_manager_s_jobs(
             )
             assert state == "queued"
             assert "llm-small" in text
+            rows = await asyncio.to_thread(
+                fresh,
+                browser,
+                10,
+                "the tenants' rows",
+                lambda d: {
+                    str(r.get_attribute("data-tenant")): r.text
+                    for r in d.find_elements(By.CSS_SELECTOR, "#tenants-quota tr[data-tenant]")
+                },
+            )
+            assert set(rows) == {"research", "vision"}
+            assert "32" in rows["vision"]  # its guarantee
+            assert "idle only" in rows["research"]  # no quota: its jobs take idle capacity
             await asyncio.to_thread(shot, browser, "jobs")
 
 
