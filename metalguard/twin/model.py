@@ -29,6 +29,11 @@ Signal = Literal["", "gpu", "ecc", "pcie", "smart", "thermal", "network"]
 """The hardware signal a cause shows to metalguard's collectors (its precursor and its
 fault): which synthesized telemetry :mod:`.signals` writes for it; "" for none."""
 PolicyName = Literal["static", "reactive", "metalguard"]
+AllocationMode = Literal["dedicated", "pooled"]
+"""How the fleet is shared among tenants (docs/twin.md "Allocation"): ``dedicated``
+partitions, each tenant's jobs on its own nodes only; ``pooled`` one pool under tenant
+quotas (borrowing and reclaim)."""
+ALLOCATION_MODES: tuple[AllocationMode, ...] = ("dedicated", "pooled")
 POLICY_NAMES: tuple[PolicyName, ...] = ("static", "reactive", "metalguard")
 
 
@@ -61,6 +66,9 @@ class JobSpec:
     source: JobSource = "trace"
     origin: str = ""
     """Where it came from, for errors: ``file.csv:row 17`` or ``gang generator #3``."""
+    tenant: str = ""
+    """The tenant it belongs to ("" : the twin's one default tenant; docs/twin.md
+    "Allocation")."""
 
     @property
     def gpus(self) -> int:
@@ -275,6 +283,11 @@ class TwinInputs:
     placement: PlacementMode = "topology"
     """What the scheduler sees of the topology (``blind``: one rack of one cluster;
     :mod:`metalguard.twin.sync`)."""
+    allocation: AllocationMode | None = None
+    """None: one pool, no tenants (the twin's behaviour before issue 31)."""
+    partitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Each tenant's contract as node handles (``dedicated``: where its jobs may run;
+    ``pooled``: its guarantee is these nodes' GPUs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +322,9 @@ class JobOutcomeRecord:
     straggler_move_s: float = 0.0
     """What those moves cost by the job's own costs: a fresh checkpoint and a restart
     each (the wait in the queue not counted)."""
+    waiting_s: float | None = None
+    """A job still in the queue at the end: how long it has waited there so far (None:
+    not waiting)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,3 +360,7 @@ class TwinResult:
     """Every fail-slow episode drawn for the run."""
     segments: tuple[GangSegment, ...] = ()
     """Every multi-node gang's placements, from when to when (for the sync model)."""
+    tenant_usage: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per tenant (with an allocation): GPU-seconds used, used inside its guarantee,
+    borrowed and lent (:class:`metalguard.twin.allocation.TenantMeter`), reclaims made
+    and suffered."""

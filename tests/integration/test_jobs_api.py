@@ -186,6 +186,22 @@ async def test_cli_invalid_job_exits_2_with_the_reasons(env: Env) -> None:
     assert "command: must not be empty" not in err  # type errors first, then semantics
 
 
+async def test_cli_elastic_bounds_are_checked_and_kept(env: Env) -> None:
+    code, _, err = await cli(
+        env, "submit", "--name", "x", "--command", "true", "--min-nodes", "4", "--max-nodes", "2"
+    )
+    assert code == 2
+    assert "min_nodes: must be <= max_nodes (4 > 2)" in err
+    code, out, err = await cli(
+        env, "submit", "--name", "el", "--command", "true", "--min-nodes", "2",
+        "--max-nodes", "8", "--resize-interval-s", "60",
+    )  # fmt: skip
+    assert code == 0, err
+    job = env.manager.jobs[out.split(":")[0]].job
+    assert job is not None
+    assert (job.nodes, job.min_nodes, job.max_nodes, job.resize_interval_s) == (2, 2, 8, 60.0)
+
+
 async def test_controller_run_serves_the_jobs_api_from_mg_jobs(
     nc: Client, nats_url: str, tmp_path: Path, subjects: Subjects
 ) -> None:
