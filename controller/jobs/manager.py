@@ -481,6 +481,8 @@ class JobManager:
 
     async def _reload(self) -> None:
         await self.store.load()
+        if self._tenants is not None:
+            await self._tenants.load()  # a quota the leader stored since
         now = self._clock()
         self._live = {k: machine.resumed(s, now) for k, s in self.store.jobs.items()}
 

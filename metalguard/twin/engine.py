@@ -53,6 +53,7 @@ from metalguard.controller.jobs.scheduler import (
 )
 from metalguard.proto.base import Reason
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
+from metalguard.twin.allocation import Allocator, TenantMeter, allocator, contract_quotas
 from metalguard.twin.failures import draw_faults, draw_planned, draw_stragglers
 from metalguard.twin.health import HealthModel
 from metalguard.twin.jobs import Generation, TwinJob, reached_offset
@@ -68,6 +69,7 @@ from metalguard.twin.model import (
     TwinResult,
 )
 from metalguard.twin.sync import GangSegment, scheduler_view
+from metalguard.twin.tenants import guarantees
 
 SAMPLES = 400
 """Timeline samples per run when ``sample_s`` is not given."""
@@ -198,7 +200,15 @@ class Engine:
                 self.meter.down(0.0, n.gpus, 1)
         self.index: FleetIndex | None = None
         self.empty: FleetIndex | None = None
-        if kept:
+        self.alloc: Allocator | None = None
+        """The tenants' queue side (``inputs.allocation``; None: one pool, no tenants)."""
+        self.tenant_meter: TenantMeter | None = None
+        if inputs.allocation is not None:
+            views = tuple(self.nodes.values())
+            self.alloc = allocator(inputs.allocation, views, inputs.partitions)
+            quotas = contract_quotas(guarantees(views, inputs.partitions))
+            self.tenant_meter = TenantMeter(views, quotas)
+        elif kept:
             self.index = FleetIndex(self.nodes.values())
             self.empty = FleetIndex(self.nodes.values())
         self.twins: dict[str, TwinJob] = {}
@@ -283,6 +293,7 @@ class Engine:
             decisions={k: decisions[k] for k in sorted(decisions)},
             stragglers=self.stragglers,
             segments=tuple(self.segments),
+            tenant_usage=self.tenant_meter.close(self.end) if self.tenant_meter else {},
         )
 
     # --- jobs: the machine and the agents --------------------------------------------------
@@ -404,13 +415,17 @@ class Engine:
             gpus = req.gpus_per_node * len(nodes)
         if commit and self.index is not None:
             self.index.commit(req, nodes)
+        if commit and self.alloc is not None:
+            self.alloc.commit(req, nodes)
         aid = tj.job.job_id
         tj.held, tj.gpus_held, tj.held_since = nodes, gpus, self.now
         tj.gpus_most = max(tj.gpus_most, gpus)
         self.meter.hold(self.now, gpus, 1)
+        if self.tenant_meter is not None:
+            self.tenant_meter.hold(self.now, req.tenant, gpus)
         for h in nodes:
             self.jobs_on.setdefault(h, set()).add(aid)
-        self.holders[aid] = RunningJob(req, nodes)
+        self.holders[aid] = RunningJob(req, nodes, self.now)
         if tj.queued_since is not None:
             tj.waits.append(self.now - tj.queued_since)
             tj.queued_since = None
@@ -420,6 +435,10 @@ class Engine:
         self._segment(tj)
         if self.index is not None:
             self.index.release(tj.request, tj.held)
+        if self.alloc is not None:
+            self.alloc.release(tj.request, tj.held)
+        if self.tenant_meter is not None:
+            self.tenant_meter.hold(self.now, tj.request.tenant, -tj.gpus_held)
         aid = tj.job.job_id
         self.meter.hold(self.now, -tj.gpus_held, -1)
         tj.held_s += self.now - tj.held_since
@@ -839,6 +858,8 @@ class Engine:
         if self.index is not None and self.empty is not None:
             self.index.update_node(new)
             self.empty.update_node(new)
+        if self.alloc is not None:
+            self.alloc.update_node(new)
         self._recount(h)
         if new.schedulable and not old.schedulable:
             self._changed()
@@ -880,24 +901,32 @@ class Engine:
             self._apply(tj, machine.placed(tj.status, p.nodes, now, p.level))
             self._drive(tj)
         for pre in decided.preemptions:
+            by = self.attempts[pre.job_id].request.tenant if pre.job_id in self.attempts else ""
+            reclaim_for = by if pre.cause == "reclaim" else ""
             for victim in pre.victims:
                 v = self.attempts.get(victim)
                 if v is None:
                     continue
                 if v.status.state == "running" and v.status.move is None:
                     v.report(now)  # the move records the furthest step and checkpoint
-                step = machine.preempt(v.status, now, pre.job_id)
+                step = machine.preempt(v.status, now, pre.job_id, reclaim_for)
                 if step.status is v.status:
                     continue  # already moving
                 self.counts["scheduler:preemptions"] += 1
+                if reclaim_for:
+                    self.counts["scheduler:reclaims"] += 1
+                    if self.tenant_meter is not None:
+                        self.tenant_meter.reclaim(reclaim_for, v.request.tenant)
                 g = v.live_gen()
                 if g is not None and not g.cause:
-                    g.cause = "preempted"
+                    g.cause = "reclaimed" if reclaim_for else "preempted"
                 self._apply(v, step)
                 self._drive(v)
 
     def _schedule(self, queue: list[JobRequest], running: list[RunningJob]) -> QueuePass:
         p = self.policy
+        if self.alloc is not None:
+            return self.alloc.schedule(queue, running, p)
         if self.index is not None:
             return scheduler.schedule_on(
                 self.index,

@@ -103,6 +103,7 @@ def make_job(spec: JobSpec, policy: Policy, job_id: str, submitted_ts: float) ->
     return Job(
         job_id=job_id,
         name=spec.job_id,
+        tenant=spec.tenant or "default",
         nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,
         gpu_type=spec.gpu_type,

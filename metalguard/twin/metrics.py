@@ -125,4 +125,5 @@ def outcome_record(tj: TwinJob, end_s: float, done: float) -> JobOutcomeRecord:
         slowed_s=tj.slowed_s,
         straggler_moves=tj.straggler_moves,
         straggler_move_s=tj.straggler_move_s,
+        waiting_s=end_s - tj.queued_since if tj.queued_since is not None else None,
     )
