@@ -12,6 +12,7 @@ not be written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from metalguard.twin.model import JobSpec, Policy, TwinInputs, TwinResult
+    from metalguard.twin.model import AllocationMode, JobSpec, Policy, TwinInputs, TwinResult
     from metalguard.twin.sync import PlacementMode
 
 POLICY_CHOICES = ("static", "reactive", "metalguard")
@@ -30,6 +31,15 @@ registering the command imports nothing of the twin)."""
 PLACEMENT_CHOICES = ("topology", "blind")
 """``--placement`` (:data:`metalguard.twin.sync.PLACEMENT_MODES`, kept here for the same
 reason)."""
+
+ALLOCATION_CHOICES = ("dedicated", "pooled")
+"""``--allocation`` (:data:`metalguard.twin.model.ALLOCATION_MODES`, kept here for the
+same reason)."""
+
+ALLOCATION_POLICY = {"dedicated": "static", "pooled": "metalguard"}
+"""The policy each allocation runs under unless ``run --policy`` says otherwise:
+dedicated partitions are the seed's "before" (FIFO, no preemption or backfill, nodes
+delivered in days), the pool is metalguard's (docs/twin.md "Allocation")."""
 
 PREFIX = "metalguard twin"
 
@@ -51,7 +61,12 @@ def add_twin_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "run", parents=[common], help="simulate one policy; print its summary, write its report"
     )
     run.add_argument(
-        "--policy", choices=POLICY_CHOICES, default="metalguard", help="(default: metalguard)"
+        "--policy",
+        choices=POLICY_CHOICES,
+        default="metalguard",
+        action=_Given,
+        help="(default: metalguard; with --allocation, static for dedicated and "
+        "metalguard for pooled)",
     )
     run.add_argument(
         "--report", metavar="FILE", help="write the report (JSON) here; - prints it instead"
@@ -127,6 +142,19 @@ def _input_options() -> argparse.ArgumentParser:
         help="what the scheduler sees of the racks and clusters: topology (default), or "
         "blind (every node in one rack; the sync model still judges the real topology)",
     )
+    common.add_argument(
+        "--allocation",
+        type=_allocations,
+        metavar="MODE[,MODE]",
+        help="share the fleet among tenants: dedicated (each tenant's contract a fixed "
+        "partition, FIFO, under static) or pooled (one pool under tenant quotas, under "
+        "metalguard); compare takes dedicated,pooled; default: one pool, no tenants",
+    )
+    common.add_argument(
+        "--tenants",
+        metavar="FILE",
+        help="the tenants (TOML; needs --allocation; default: the built-in six, docs/twin.md)",
+    )
     gangs = common.add_mutually_exclusive_group()
     gangs.add_argument(
         "--gangs", metavar="TOML", help="the gang generator's parameters (default: built in)"
@@ -141,6 +169,34 @@ def _input_options() -> argparse.ArgumentParser:
         help="seconds between the figure's samples (default: the engine's)",
     )
     return common
+
+
+class _Given(argparse.Action):
+    """Store the value and note that it was given (``<dest>_given``): ``--policy``'s
+    default depends on ``--allocation``."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
+def _allocations(text: str) -> tuple[str, ...]:
+    """``dedicated``, ``pooled`` or both, comma-separated, each once."""
+    modes = tuple(m.strip() for m in text.split(","))
+    for mode in modes:
+        if mode not in ALLOCATION_CHOICES:
+            raise argparse.ArgumentTypeError(
+                f"{mode!r} is not an allocation (choose from {', '.join(ALLOCATION_CHOICES)})"
+            )
+    if len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"an allocation is given twice: {text!r}")
+    return modes
 
 
 def _positive(text: str) -> float:
@@ -179,10 +235,13 @@ def build_inputs(
     no_gangs: bool = False,
     straggler_rate: float | None = None,
     placement: PlacementMode = "topology",
+    allocation: AllocationMode | None = None,
+    tenants: str | None = None,
 ) -> TwinInputs:
     """The run's inputs from the command line's values (the files read and checked; a
     :class:`~metalguard.twin.errors.TwinInputError` for bad input). The gang generator
-    draws from ``random.Random(f"{seed}:gangs")``."""
+    draws from ``random.Random(f"{seed}:gangs")``; with an ``allocation`` the tenants'
+    jobs replace the gangs (:mod:`metalguard.twin.tenants`), the same for either."""
     from metalguard.twin.failures import (
         default_failure_model,
         load_failure_model,
@@ -204,7 +263,20 @@ def build_inputs(
     trace_jobs = read.jobs if read is not None else ()
     params = None
     gang_jobs: tuple[JobSpec, ...] = ()
-    if not no_gangs:
+    parts: dict[str, tuple[str, ...]] = {}
+    tenant_spec = None
+    if allocation is not None:
+        from metalguard.twin.tenants import (
+            all_tenant_jobs,
+            default_tenants,
+            load_tenants,
+            partition,
+        )
+
+        tenant_spec = load_tenants(tenants) if tenants else default_tenants()
+        parts = partition(fleet, tenant_spec.tenants)
+        gang_jobs = all_tenant_jobs(tenant_spec, fleet, parts, days, seed)
+    elif not no_gangs:
         params = load_gang_params(gangs) if gangs else GangParams()
         rng = random.Random(f"{seed}:gangs")
         largest = gang_capacity_gpus(fleet, params.gpus_per_node)
@@ -229,6 +301,15 @@ def build_inputs(
         "failure_rate_per_node_day": failure_rate,
         "straggler_rate_per_node_day": straggler_rate,
     }
+    if tenant_spec is not None:
+        from metalguard.twin.tenants import tenants_dict
+
+        workload |= {
+            "gangs": None,
+            "gang_seed": None,
+            "tenants": tenants_dict(tenant_spec),
+            "tenant_seed": f"{seed}:tenants:<name>",
+        }
     return TwinInputs(
         nodes=tuple(fleet),
         jobs=jobs,
@@ -237,10 +318,14 @@ def build_inputs(
         seed=seed,
         workload=workload,
         placement=placement,
+        allocation=allocation,
+        partitions=parts,
     )
 
 
 def _inputs(args: argparse.Namespace) -> TwinInputs:
+    _check_allocation(args)
+    modes = args.allocation or ()
     return build_inputs(
         args.nodes,
         days=args.days,
@@ -252,13 +337,32 @@ def _inputs(args: argparse.Namespace) -> TwinInputs:
         no_gangs=args.no_gangs,
         straggler_rate=args.straggler_rate,
         placement=args.placement,
+        allocation=modes[0] if modes else None,
+        tenants=args.tenants,
     )
+
+
+def _check_allocation(args: argparse.Namespace) -> None:
+    """``--allocation`` and ``--tenants`` against the other options (exit 2)."""
+    modes = args.allocation or ()
+    if args.tenants and not modes:
+        raise TwinUsageError("--tenants needs --allocation dedicated|pooled")
+    if not modes:
+        return
+    if args.twin_command == "run" and len(modes) > 1:
+        raise TwinUsageError(
+            f"--allocation {','.join(modes)}: run takes one (compare runs several)"
+        )
+    for flag, given in (("--trace", args.trace), ("--gangs", args.gangs),
+                        ("--no-gangs", args.no_gangs)):  # fmt: skip
+        if given:
+            raise TwinUsageError(
+                f"{flag} with --allocation: the tenants' jobs are the workload (--tenants FILE)"
+            )
 
 
 def _policy(name: str, args: argparse.Namespace) -> Policy:
     """The named policy with the command line's straggler options."""
-    import dataclasses
-
     from metalguard.twin.policies import POLICIES
 
     policy = POLICIES[name]  # type: ignore[index]
@@ -301,7 +405,10 @@ def _run_one(args: argparse.Namespace) -> int:
 
     _check_outputs(args.plot, args.report if args.report != "-" else None, None)
     inputs = _inputs(args)
-    result = _simulate(inputs, _policy(args.policy, args), args.sample)
+    name = args.policy
+    if inputs.allocation is not None and not getattr(args, "policy_given", False):
+        name = ALLOCATION_POLICY[inputs.allocation]
+    result = _simulate(inputs, _policy(name, args), args.sample)
     report = build_report(result)
     if args.report == "-":
         sys.stdout.write(dumps_report(report))
@@ -323,13 +430,21 @@ def _run_all(args: argparse.Namespace) -> int:
 
     _check_outputs(args.plot, None, args.report_dir)
     inputs = _inputs(args)
-    results = [_simulate(inputs, _policy(name, args), args.sample) for name in POLICY_NAMES]
+    if inputs.allocation is not None:  # one run per allocation, the same jobs
+        runs = [
+            (dataclasses.replace(inputs, allocation=mode), ALLOCATION_POLICY[mode])
+            for mode in args.allocation
+        ]
+    else:
+        runs = [(inputs, name) for name in POLICY_NAMES]
+    results = [_simulate(i, _policy(name, args), args.sample) for i, name in runs]
     reports = [build_report(result) for result in results]
     print(compare_table(reports))
     try:
         if args.report_dir is not None:
             for report in reports:
-                dump_report(report, args.report_dir / f"{report['policy']}.json")
+                name = report["allocation"] or report["policy"]
+                dump_report(report, args.report_dir / f"{name}.json")
         if args.plot:
             _draw(results, args.plot)
     except OSError as exc:

@@ -53,7 +53,13 @@ from metalguard.controller.jobs.scheduler import (
 )
 from metalguard.proto.base import Reason
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
-from metalguard.twin.allocation import Allocator, TenantMeter, allocator, contract_quotas
+from metalguard.twin.allocation import (
+    Allocator,
+    TenantMeter,
+    allocator,
+    contract_quotas,
+    contracts,
+)
 from metalguard.twin.failures import draw_faults, draw_planned, draw_stragglers
 from metalguard.twin.health import HealthModel
 from metalguard.twin.jobs import Generation, TwinJob, reached_offset
@@ -69,7 +75,6 @@ from metalguard.twin.model import (
     TwinResult,
 )
 from metalguard.twin.sync import GangSegment, scheduler_view
-from metalguard.twin.tenants import guarantees
 
 SAMPLES = 400
 """Timeline samples per run when ``sample_s`` is not given."""
@@ -206,7 +211,7 @@ class Engine:
         if inputs.allocation is not None:
             views = tuple(self.nodes.values())
             self.alloc = allocator(inputs.allocation, views, inputs.partitions)
-            quotas = contract_quotas(guarantees(views, inputs.partitions))
+            quotas = contract_quotas(contracts(views, inputs.partitions))
             self.tenant_meter = TenantMeter(views, quotas)
         elif kept:
             self.index = FleetIndex(self.nodes.values())

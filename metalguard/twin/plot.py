@@ -58,8 +58,10 @@ def plot(results: Sequence[TwinResult], path: Path | str) -> None:
             running = [p.running_jobs for p in result.timeline]
             name = result.policy.name
             colour = POLICY_COLOURS.get(name)
-            util_ax.step(days, util, where="post", label=name, color=colour, linewidth=1.2)
-            jobs_ax.step(days, running, where="post", label=name, color=colour, linewidth=1.2)
+            allocation = result.inputs.allocation
+            label = f"{allocation} ({name})" if allocation else name
+            util_ax.step(days, util, where="post", label=label, color=colour, linewidth=1.2)
+            jobs_ax.step(days, running, where="post", label=label, color=colour, linewidth=1.2)
         first = results[0]
         for ax in (util_ax, jobs_ax):
             _fault_rug(ax, first)

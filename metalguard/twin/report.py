@@ -18,6 +18,7 @@ from typing import Any
 
 from metalguard.controller.cli.console import table
 from metalguard.twin import sync as syncmodel
+from metalguard.twin.allocation import contracts
 from metalguard.twin.failures import model_dict
 from metalguard.twin.model import DAY_S, JobOutcomeRecord, TwinResult
 
@@ -83,6 +84,8 @@ def build_report(
         "stragglers": stragglers(result),
         "placement": inputs.placement,
         "sync": sync(result, fabric, step),
+        "allocation": inputs.allocation,
+        "tenants": tenants(result),
         "queue_wait_s": queue_wait(jobs),
         "jobs": job_counts(jobs),
         "failure_model": model_dict(inputs.failures),
@@ -250,6 +253,49 @@ def interruptions_per_job_month(jobs: Iterable[JobOutcomeRecord]) -> float | Non
     return None if held_s <= 0 else count * MONTH_S / held_s
 
 
+def tenants(result: TwinResult) -> dict[str, Any] | None:
+    """Per tenant (with an allocation; None without): its contract, how it used it, what
+    it borrowed and lent, its waits and reclaims (docs/twin.md "Allocation")."""
+    inputs = result.inputs
+    if inputs.allocation is None:
+        return None
+    end_s = inputs.days * DAY_S
+    owner = {spec.job_id: spec.tenant for spec in inputs.jobs}
+    asked: dict[str, float] = {}
+    for spec in inputs.jobs:
+        if spec.submit_s <= end_s:
+            asked[spec.tenant] = asked.get(spec.tenant, 0.0) + spec.work_s * spec.gpus
+    records: dict[str, list[JobOutcomeRecord]] = {t: [] for t in inputs.partitions}
+    for job in result.jobs:
+        records.setdefault(owner.get(job.job_id, ""), []).append(job)
+    out: dict[str, Any] = {}
+    for name, gpus in contracts(inputs.nodes, inputs.partitions).items():
+        use = result.tenant_usage.get(name, {})
+        mine = records.get(name, [])
+        waits = sorted(
+            [w for job in mine for w in job.queue_wait_s]
+            + [job.waiting_s for job in mine if job.waiting_s is not None]
+        )
+        out[name] = {
+            "guarantee_gpus": gpus,
+            "nodes": len(inputs.partitions[name]),
+            "guarantee_utilisation": _ratio(use.get("within", 0.0), gpus * end_s),
+            "used_over_guarantee": _ratio(use.get("used", 0.0), gpus * end_s),
+            "gpu_hours_asked": asked.get(name, 0.0) / 3600,
+            "gpu_hours_used": use.get("used", 0.0) / 3600,
+            "gpu_hours_borrowed": use.get("borrowed", 0.0) / 3600,
+            "gpu_hours_lent": use.get("lent", 0.0) / 3600,
+            "queue_wait_s": {f"p{q}": percentile(waits, q) for q in (50, 90)},
+            "still_waiting": sum(1 for job in mine if job.waiting_s is not None),
+            "reclaims": {
+                "made": int(use.get("reclaims_made", 0)),
+                "suffered": int(use.get("reclaims_suffered", 0)),
+            },
+            "jobs": job_counts(mine),
+        }
+    return out
+
+
 def queue_wait(jobs: Iterable[JobOutcomeRecord]) -> dict[str, float | None]:
     """Percentiles of every wait in the queue (first waits and waits after a requeue)."""
     waits = sorted(w for job in jobs for w in job.queue_wait_s)
@@ -337,22 +383,47 @@ SYNC_ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 """Rows added to :func:`compare_table` when a run had multi-node gangs."""
 
+TENANT_ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("guarantee GPUs", ("guarantee_gpus",), "int"),
+    ("guarantee used", ("guarantee_utilisation",), "pct"),
+    ("GPU-hours borrowed", ("gpu_hours_borrowed",), "int"),
+    ("GPU-hours lent", ("gpu_hours_lent",), "int"),
+    ("queue wait p50 (s)", ("queue_wait_s", "p50"), "int"),
+    ("queue wait p90 (s)", ("queue_wait_s", "p90"), "int"),
+    ("reclaims suffered", ("reclaims", "suffered"), "int"),
+)
+"""Rows added to :func:`compare_table` per tenant when a run had an allocation."""
+
 
 def compare_table(reports: Sequence[Mapping[str, Any]]) -> str:
     """One text table: a row per measure, a column per report (headed by its policy);
     the straggler rows only when a run had stragglers, the sync rows only when one had
     multi-node gangs."""
-    headers = ["", *(str(r["policy"]) for r in reports)]
+    headers = ["", *(_column(r) for r in reports)]
     rows_spec = ROWS
     if any(_lookup(r, ("stragglers", "episodes")) for r in reports):
         rows_spec = (*rows_spec, *STRAGGLER_ROWS)
     if any(_lookup(r, ("sync", "gangs")) for r in reports):
         rows_spec = (*rows_spec, *SYNC_ROWS)
+    names = sorted({t for r in reports for t in (r.get("tenants") or {})})
+    for name in names:
+        rows_spec = (
+            *rows_spec,
+            *((f"{name}: {label}", ("tenants", name, *path), kind)
+              for label, path, kind in TENANT_ROWS),
+        )  # fmt: skip
     rows = [
         [label, *(_format(_lookup(r, path), kind) for r in reports)]
         for label, path, kind in rows_spec
     ]
     return table(headers, rows)
+
+
+def _column(report: Mapping[str, Any]) -> str:
+    """A column's heading: the policy, or the allocation and its policy."""
+    allocation = report.get("allocation")
+    policy = str(report["policy"])
+    return f"{allocation} ({policy})" if allocation else policy
 
 
 def _lookup(report: Mapping[str, Any], path: tuple[str, ...]) -> Any:

@@ -40,6 +40,7 @@ from metalguard.proto.telemetry import (
     Temperature,
 )
 from tests.support.harness.private_streams import drop_streams
+from tests.support.waiting import wait_for_value
 
 FETCH_TIMEOUT_S = 5.0
 """Deadline for a message that is already in the stream to be delivered."""
@@ -248,7 +249,14 @@ async def test_telemetry_batch_round_trip_through_a_durable_consumer(env: JetStr
     ack2 = await js.publish(
         subject, encode(second), headers={"Nats-Msg-Id": f"{NODE.uuid}-{second.seq}"}
     )
-    assert (await js.consumer_info(s.stream_telemetry, durable)).num_pending == 1
+    # the server counts a new message for a durable without a subscriber asynchronously:
+    # under load consumer_info answered 0 right after the publish (a CI run)
+    await wait_for_value(
+        lambda: js.consumer_info(s.stream_telemetry, durable),
+        lambda info: info.num_pending == 1,
+        10,
+        "the durable to count the new message",
+    )
     psub = await js.pull_subscribe(
         s.telemetry("*", "*", "*"), durable=durable, stream=s.stream_telemetry, config=config
     )

@@ -19,6 +19,8 @@ REPORT_KEYS = frozenset(
         "stragglers",
         "placement",
         "sync",
+        "allocation",
+        "tenants",
         "queue_wait_s",
         "jobs",
         "failure_model",
