@@ -386,6 +386,11 @@ class _QuotaPass:
         self.held: dict[str, Gpus] = defaultdict(Counter)
         for job in running:
             self.held[job.request.tenant].update(self.gpus(job))
+        self.by_tenant: dict[str, list[RunningJob]] = defaultdict(list)
+        for job in running:
+            self.by_tenant[job.request.tenant].append(job)
+        self.biggest: dict[str, int] = {}
+        """The GPUs of the biggest node of each GPU type ("": any), found once a pass."""
         self.stopped: set[str] = set()
         self.reserved: set[str] = set()
         self.promised: list[tuple[JobRequest, tuple[str, ...]]] = []
@@ -395,6 +400,24 @@ class _QuotaPass:
 
     def guarantee(self, tenant: str) -> Guarantee:
         return Guarantee.of(self.quotas.get(tenant))
+
+    def asked(self, req: JobRequest) -> Gpus:
+        """:func:`asked_gpus` of ``req``, a whole-node job's biggest node found once per
+        GPU type and pass (not by a walk over the fleet for each queued job)."""
+        if not req.exclusive:
+            return asked_gpus(req, ())
+        per_node = self.biggest.get(req.gpu_type)
+        if per_node is None:
+            per_node = max(
+                (
+                    n.gpus
+                    for n in self.fleet.values()
+                    if not req.gpu_type or n.gpu_type == req.gpu_type
+                ),
+                default=0,
+            )
+            self.biggest[req.gpu_type] = per_node
+        return Counter({req.gpu_type: req.nodes * per_node}) if per_node else Counter()
 
     def gpus(self, job: RunningJob) -> Gpus:
         return held_gpus(job.request, job.placement, self.fleet)
@@ -410,7 +433,7 @@ class _QuotaPass:
         for req in queue_order(queue):
             tenant = req.tenant
             mine = use.setdefault(tenant, Counter())
-            mine.update(asked_gpus(req, self.fleet.values()))
+            mine.update(self.asked(req))
             if tenant in self.quotas and tenant not in past and self.guarantee(tenant).within(mine):
                 inside.append(req)
             else:
@@ -531,9 +554,8 @@ class _QuotaPass:
         else (its quota refused it) the fewest of them in victim order."""
         own = [
             j
-            for j in self.running
-            if j.request.tenant == req.tenant
-            and j.request.preemptible
+            for j in self.by_tenant.get(req.tenant, ())
+            if j.request.preemptible
             and j.request.priority < req.priority
             and j.request.job_id not in self.stopped
         ]
