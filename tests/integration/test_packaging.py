@@ -215,8 +215,9 @@ def test_the_acceptance_command_reads_the_shipped_scenario_and_profile(
     installed: Installed, outside: Path
 ) -> None:
     """The acceptance run: exit 0 and ``ok`` true. At 20 s of the shipped 120-s scenario
-    its jobs are still running (judged as under way, docs/demo.md) and the faults applied
-    so far have their expected grades (a fault in the last seconds is ``pending``)."""
+    its jobs have started and are still under way (running, or moving after a fault;
+    judged as under way, docs/demo.md) and the faults applied so far have their expected
+    grades (a fault in the last seconds is ``pending``)."""
     doc, out = demo(installed, outside)
     data = installed.site_packages / "metalguard" / "demo" / "data"
     assert f"scenario {data / 'default-scenario.toml'}:" in out
@@ -226,5 +227,13 @@ def test_the_acceptance_command_reads_the_shipped_scenario_and_profile(
     judged = [f for f in doc["faults"] if f["expected"] and not f["pending"]]
     assert all(f["got"] == f["expected"] for f in judged), doc["faults"]
     assert len(doc["jobs"]) == doc["jobs_submitted"] >= 2
-    assert all(j["state"] in ("running", "succeeded") and j["placement"] for j in doc["jobs"])
+    # each job started and is succeeded or still under way: at the 20 s mark a job may be
+    # in the middle of a move a scenario fault caused (checkpointing, rescheduling,
+    # placing: a CI run beside a busy core caught one there), never failed or unstarted
+    started = [
+        j["state"] not in ("failed", "cancelled") and (j["state"] != "queued" or j["restarts"])
+        for j in doc["jobs"]
+    ]
+    assert all(started), doc["jobs"]
+    assert any(j["state"] in ("running", "succeeded") for j in doc["jobs"]), doc["jobs"]
     assert doc["ok"] is True, out[-3000:]
