@@ -20,7 +20,7 @@ leave it holding what it held.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -124,6 +124,30 @@ def initial_size(job: Job, index: FleetIndex, exclude: Iterable[str] = ()) -> Pl
     queue for ``nodes``.  A job that is not elastic gets ``nodes`` or None."""
     span = node_range(job)
     return largest_placement(request_from_job(job, exclude), index, span.low, span.high)
+
+
+def start_placement(
+    job: Job,
+    placed: Placement,
+    index: FleetIndex,
+    exclude: Collection[str] = (),
+    reserved: Collection[str] = (),
+    allowed: Callable[[JobRequest, Sequence[str]], bool] = lambda _req, _nodes: True,
+) -> Placement:
+    """Where a job the queue pass ``placed`` starts: an elastic job at the largest size
+    that fits now (:func:`initial_size`, never on ``exclude``, a move's bad nodes, nor
+    on ``reserved``, the nodes held back for blocked jobs, but for those of ``placed``)
+    when that is bigger and ``allowed`` (its tenant's quota); ``placed`` otherwise.
+    ``index`` must not hold the job (the caller commits the answer)."""
+    if not node_range(job).elastic:
+        return placed
+    avoid = (*exclude, *(set(reserved) - set(placed.nodes)))
+    best = initial_size(job, index, avoid)
+    if best is None or len(best.nodes) <= len(placed.nodes):
+        return placed
+    if not allowed(request_from_job(job, exclude), best.nodes):
+        return placed
+    return best
 
 
 def grow_decision(

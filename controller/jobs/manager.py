@@ -854,19 +854,15 @@ def elastic_start(
     reserved: Collection[str],
     allowed: Callable[[JobRequest, Sequence[str]], bool] = lambda _req, _nodes: True,
 ) -> tuple[tuple[str, ...], str]:
-    """Where a placed job starts, and the level: an elastic job at the largest size that
-    fits now (never on ``reserved``: nodes held back for blocked jobs) and that
-    ``allowed`` (its tenant's quota), the placement as the queue pass gave it otherwise
-    (``index`` holds the one chosen)."""
+    """Where a placed job starts, and the level (:func:`elastic.start_placement`; ``index``
+    holds the one chosen)."""
     job = status.job
     if job is None or not elastic.node_range(job).elastic:
         return placed.nodes, placed.level
     exclude = status.move.exclude if status.move is not None else ()
     req = request_from_job(job, exclude)
     index.release(req, placed.nodes)
-    best = elastic.initial_size(job, index, (*exclude, *(set(reserved) - set(placed.nodes))))
-    bigger = best is not None and len(best.nodes) > len(placed.nodes)
-    chosen = best if best is not None and bigger and allowed(req, best.nodes) else placed
+    chosen = elastic.start_placement(job, placed, index, exclude, reserved, allowed)
     index.commit(req, chosen.nodes)
     return chosen.nodes, chosen.level
 

@@ -30,6 +30,7 @@ agents (:mod:`metalguard.twin.jobs`) and the people (noticing, repairing, resubm
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -41,12 +42,14 @@ import msgspec
 
 from metalguard.controller.core import stragglers as detector
 from metalguard.controller.core.lifecycle_model import OUT_OF_SERVICE
-from metalguard.controller.jobs import machine, scheduler, straggler_watch
+from metalguard.controller.jobs import elastic, machine, quota, scheduler, straggler_watch
 from metalguard.controller.jobs.machine import MoveOff, Step, World
 from metalguard.controller.jobs.scheduler import (
     FleetIndex,
     FleetNode,
     JobRequest,
+    Placement,
+    Preemption,
     QueuePass,
     RunningJob,
     request_from_job,
@@ -55,6 +58,7 @@ from metalguard.proto.base import Reason
 from metalguard.proto.jobs import TERMINAL_JOB_STATES
 from metalguard.twin.allocation import (
     Allocator,
+    Pool,
     TenantMeter,
     allocator,
     contract_quotas,
@@ -76,6 +80,8 @@ from metalguard.twin.model import (
 )
 from metalguard.twin.sync import GangSegment, scheduler_view
 
+Allowed = Callable[[JobRequest, Sequence[str]], bool]
+"""Whether a tenant may hold a placement for a job (its quota's borrow limit)."""
 SAMPLES = 400
 """Timeline samples per run when ``sample_s`` is not given."""
 HANG_MARGIN_S = 1e-3
@@ -241,6 +247,11 @@ class Engine:
         self.moves_off: dict[str, MoveOff] = {}
         """The job manager's planned moves off a straggler, by attempt id, until begun."""
         self.detect = policy.straggler_detection and policy.auto_isolation
+        self.elastic = inputs.allocation == "pooled"
+        """Whether jobs run elastic (``pooled`` only: a dedicated partition's job, or one
+        of the single pool without tenants, runs at its ``nodes``)."""
+        self.growable: set[str] = set()
+        """Attempts of running elastic jobs below their ``max_nodes``, not moving."""
         health.running = self._running_on
         self._pass_at: float | None = None
         self._last_pass = -math.inf
@@ -306,6 +317,8 @@ class Engine:
     def _arrive(self, spec: JobSpec) -> None:
         if spec.job_id in self.twins:
             raise ValueError(f"job {spec.job_id!r} submitted twice")
+        if spec.elastic and not self.elastic:
+            spec = dataclasses.replace(spec, min_nodes=0, max_nodes=0)
         tj, step = TwinJob.submit(spec, self.policy, self.now)
         self.twins[spec.job_id] = tj
         self.attempts[tj.job.job_id] = tj
@@ -330,13 +343,15 @@ class Engine:
             g = tj.open_gen(self.now)
             if tj.first_start_s is None:
                 tj.first_start_s = self.now
-            if self.slow:  # started on a straggler: its pace from the start
-                pace = self._pace_of(g.nodes)
-                if pace != 1.0:
-                    g.set_pace(self.now, pace)
-                    self.counts["straggler:slowed_generations"] += 1
-                    for node in sorted({n for n in g.nodes if n in self.slow}):
-                        self._watch(tj, g, self.slow[node])
+            slow = self._pace_of(g.nodes) if self.slow else 1.0
+            if slow * g.base != 1.0:  # an elastic size, or started on a straggler
+                g.set_pace(self.now, slow * g.base)
+            if slow != 1.0:
+                self.counts["straggler:slowed_generations"] += 1
+                for node in sorted({n for n in g.nodes if n in self.slow}):
+                    self._watch(tj, g, self.slow[node])
+            if tj.spec.elastic:
+                self.counts[f"elastic:size:{len(g.nodes) - tj.spec.nodes:+d}"] += 1
             self._at(tj.finish_at(g), self._finish, tj, g)
             rs = tj.spec.restart_cost_s
             for node in g.nodes:
@@ -388,13 +403,19 @@ class Engine:
     def _sync(self, tj: TwinJob) -> None:
         """Mirror the status into the fleet: nodes held, the queue, the job's end."""
         st = tj.status
-        holds = st.placement if st.state not in TERMINAL_JOB_STATES else ()
+        holds = machine.held_nodes(st) if st.state not in TERMINAL_JOB_STATES else ()
         if holds != tj.held:
-            if tj.held:
-                self._release(tj)
+            if tj.held:  # a resize keeps its generation (the machine opens the next)
+                self._release(tj, close=not holds)
             if holds:
                 self._take(tj, holds, commit=True)
         aid = tj.job.job_id
+        if self._may_grow(tj):
+            if aid not in self.growable:
+                self.growable.add(aid)
+                self._at(self.now + tj.job.resize_interval_s, self._grow_due)
+        else:
+            self.growable.discard(aid)
         if machine.needs_placement(st):
             if aid not in self.waiting:
                 exclude = st.move.exclude if st.move is not None else ()
@@ -435,8 +456,10 @@ class Engine:
             tj.waits.append(self.now - tj.queued_since)
             tj.queued_since = None
 
-    def _release(self, tj: TwinJob) -> None:
-        self._count_interruption(tj.close_gen(self.now))
+    def _release(self, tj: TwinJob, *, close: bool = True) -> None:
+        """The job gives up its nodes (``close``: its generation ends with them)."""
+        if close:
+            self._count_interruption(tj.close_gen(self.now))
         self._segment(tj)
         if self.index is not None:
             self.index.release(tj.request, tj.held)
@@ -447,6 +470,7 @@ class Engine:
         aid = tj.job.job_id
         self.meter.hold(self.now, -tj.gpus_held, -1)
         tj.held_s += self.now - tj.held_since
+        tj.held_gpu_s += (self.now - tj.held_since) * tj.gpus_held
         for h in tj.held:
             on = self.jobs_on.get(h)
             if on is not None:
@@ -749,7 +773,7 @@ class Engine:
         its finish moves with it. Whether the pace changed."""
         if g.frozen_at is not None or g.finished or g.closed:
             return False
-        pace = self._pace_of(g.nodes)
+        pace = self._pace_of(g.nodes) * g.base
         if pace == g.pace:
             return False
         g.set_pace(self.now, pace)
@@ -886,34 +910,61 @@ class Engine:
     def _changed(self) -> None:
         """The queue or the capacity changed: a pass is due (at most one per interval)."""
         self._dirty = True
-        if self._pass_at is None and self.waiting:
+        if self._pass_at is None and (self.waiting or self.growable):
             self._pass_at = max(self.now, self._last_pass + self.policy.pass_interval_s)
             self._at(self._pass_at, self._pass)
 
+    def _grow_due(self) -> None:
+        """An elastic job's resize interval passed: a pass may grow it."""
+        if self.growable:
+            self._changed()
+
+    def _may_grow(self, tj: TwinJob) -> bool:
+        """A running elastic job below its ``max_nodes``, not moving (the manager's)."""
+        st = tj.status
+        if not self.elastic or not tj.spec.elastic or st.state != "running" or st.move:
+            return False
+        return len(st.placement) < elastic.node_range(tj.job).high
+
     def _pass(self) -> None:
         self._pass_at = None
-        if not self._dirty or not self.waiting:
+        if not self._dirty or not (self.waiting or self.growable):
             return
         self._dirty = False
         self._last_pass = self.now
         self.counts["scheduler:passes"] += 1
-        decided = self._schedule(list(self.waiting.values()), list(self.holders.values()))
+        running = list(self.holders.values())
+        queue = list(self.waiting.values())
+        decided = self._schedule(queue, running) if queue else QueuePass((), (), ())
         now = self.now
         for p in decided.placements:
             tj = self.attempts[p.job_id]
             self.counts["scheduler:placements"] += 1
-            self._take(tj, p.nodes, commit=False)  # schedule_on committed it
-            self._apply(tj, machine.placed(tj.status, p.nodes, now, p.level))
+            nodes, level = self._start_size(tj, p, decided, running)
+            self._take(tj, nodes, commit=False)  # the pass (or the start size) committed it
+            self._apply(tj, machine.placed(tj.status, nodes, now, level))
             self._drive(tj)
+        requests = {r.job_id: r for r in queue}
         for pre in decided.preemptions:
             by = self.attempts[pre.job_id].request.tenant if pre.job_id in self.attempts else ""
             reclaim_for = by if pre.cause == "reclaim" else ""
+            shrinks = self._shrinks(pre, requests.get(pre.job_id), running)
             for victim in pre.victims:
                 v = self.attempts.get(victim)
                 if v is None:
                     continue
                 if v.status.state == "running" and v.status.move is None:
                     v.report(now)  # the move records the furthest step and checkpoint
+                shrink = shrinks.get(victim)
+                if shrink is not None:  # it gives up what the preempting job needs
+                    step = machine.resize(
+                        v.status, now, shrink.to_nodes, "shrink", shrink.attributes()
+                    )
+                    if step.status is not v.status:
+                        self.counts["elastic:shrinks"] += 1
+                        self._apply(v, step)
+                        self._drive(v)
+                    continue
                 step = machine.preempt(v.status, now, pre.job_id, reclaim_for)
                 if step.status is v.status:
                     continue  # already moving
@@ -927,6 +978,82 @@ class Engine:
                     g.cause = "reclaimed" if reclaim_for else "preempted"
                 self._apply(v, step)
                 self._drive(v)
+
+        if self.growable:
+            self._grow(decided, running)
+
+    # --- elastic jobs (pooled; docs/twin.md "Elastic jobs") ------------------------------
+
+    def _allowed(self, pool: Pool, running: Sequence[RunningJob]) -> Allowed:
+        """Whether a tenant may hold a larger placement (its borrow limit)."""
+
+        def allowed(req: JobRequest, nodes: Sequence[str]) -> bool:
+            return quota.may_hold(pool.quotas, running, pool.index.nodes, req, nodes)
+
+        return allowed
+
+    def _start_size(
+        self, tj: TwinJob, placed: Placement, decided: QueuePass, running: Sequence[RunningJob]
+    ) -> tuple[tuple[str, ...], str]:
+        """Where a placed job starts: an elastic one at the largest size that fits now
+        (the job manager's ``elastic_start``), its placement otherwise."""
+        pool = self.alloc
+        if not self.elastic or not tj.spec.elastic or not isinstance(pool, Pool):
+            return placed.nodes, placed.level
+        st = tj.status
+        exclude = st.move.exclude if st.move is not None else ()
+        req = request_from_job(tj.job, exclude)
+        reserved = {h for b in decided.blocked for h in b.reserved}
+        pool.release(req, placed.nodes)
+        allowed = self._allowed(pool, running)
+        chosen = elastic.start_placement(tj.job, placed, pool.index, exclude, reserved, allowed)
+        pool.commit(req, chosen.nodes)
+        return chosen.nodes, chosen.level
+
+    def _shrinks(
+        self, pre: Preemption, req: JobRequest | None, running: Sequence[RunningJob]
+    ) -> dict[str, elastic.Resize]:
+        """The elastic victims of a priority preemption that shrink instead of stopping
+        (the job manager's rule: a reclaim stops its victims whole)."""
+        pool = self.alloc
+        if not self.elastic or req is None or pre.cause != "priority":
+            return {}
+        if not isinstance(pool, Pool):
+            return {}
+        jobs = {v: self.attempts[v].job for v in pre.victims if v in self.attempts}
+        return elastic.shrink_victims(req, pre, running, jobs, pool.index)
+
+    def _grow(self, decided: QueuePass, running: Sequence[RunningJob]) -> None:
+        """Grow the running elastic jobs into idle nodes (the job manager's pass): each
+        by ``elastic.grow_decision`` on the pool, within its tenant's borrow limit."""
+        pool = self.alloc
+        if not isinstance(pool, Pool):
+            return
+        waiting = list(self.waiting.values())
+        if any(pool.index.place(w) is not None for w in waiting):
+            return  # the idle nodes serve the queue first (grow_decision's own check,
+            # made once a pass here: a growth never makes a waiting job fit)
+        reserved = {h for b in decided.blocked for h in b.reserved}
+        allowed = self._allowed(pool, running)
+        now = self.now
+        for aid in sorted(self.growable):
+            tj = self.attempts[aid]
+            g = tj.live_gen()
+            if not self._may_grow(tj) or g is None:
+                continue
+            st = tj.status
+            grown = elastic.grow_decision(tj.job, st.placement, pool.index, now, g.t0, (), reserved)
+            if grown is None or not allowed(tj.request, grown.to_nodes):
+                continue
+            tj.report(now)  # the move records the furthest step and checkpoint
+            step = machine.resize(st, now, grown.to_nodes, "grow", grown.attributes())
+            if step.status is st:
+                continue
+            self.counts["elastic:grows"] += 1
+            if not g.cause:
+                g.cause = "resized"
+            self._apply(tj, step)
+            self._drive(tj)
 
     def _schedule(self, queue: list[JobRequest], running: list[RunningJob]) -> QueuePass:
         p = self.policy

@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
+import msgspec
+
 from metalguard.controller.jobs import machine
 from metalguard.controller.jobs.machine import Send, Timings
 from metalguard.controller.jobs.scheduler import JobRequest, request_from_job
@@ -100,7 +102,7 @@ def make_job(spec: JobSpec, policy: Policy, job_id: str, submitted_ts: float) ->
     if policy.hang_detection:
         # the job's own pauses (loading, a checkpoint) never count as a hang
         hang = policy.hang_timeout_s + max(spec.restart_cost_s, spec.checkpoint_cost_s)
-    return Job(
+    job = Job(
         job_id=job_id,
         name=spec.job_id,
         tenant=spec.tenant or "default",
@@ -117,6 +119,14 @@ def make_job(spec: JobSpec, policy: Policy, job_id: str, submitted_ts: float) ->
         hang_timeout=hang,
         max_restarts=restarts,
         submitted_ts=submitted_ts,
+    )
+    if not spec.elastic:
+        return job
+    return msgspec.structs.replace(
+        job,
+        min_nodes=spec.min_nodes or spec.nodes,
+        max_nodes=spec.max_nodes or spec.nodes,
+        resize_interval_s=spec.resize_interval_s,
     )
 
 
@@ -148,8 +158,13 @@ class Generation:
     closed: bool = False
     cause: str = ""
     """What interrupted it (a fault's cause, a move's cause)."""
+    base: float = 1.0
+    """Its pace on a straggler-free fleet: 1, or for an elastic job at ``k`` of its
+    ``n`` nominal members ``n / k`` (data-parallel scaling taken as linear: loading, work
+    and checkpoints all spread over its members)."""
     pace: float = 1.0
-    """Wall seconds per second of its own clock now: 1 + its slowest node's slowdown."""
+    """Wall seconds per second of its own clock now: ``base`` x (1 + its slowest node's
+    slowdown)."""
     anchors: list[tuple[float, float, float]] = field(default_factory=list)
     """(wall, own clock, pace) at each change of pace, oldest first; none: pace 1 since
     ``t0``."""
@@ -175,10 +190,10 @@ class Generation:
         self.pace = pace
 
     def slowed(self, t: float) -> float:
-        """Wall seconds lost to a slower pace by wall ``t`` (0 at pace 1 throughout)."""
+        """Wall seconds lost to stragglers (a pace above ``base``) by wall ``t``."""
         if not self.anchors:
             return 0.0
-        return max(0.0, (t - self.t0) - self.clock(t))
+        return max(0.0, (t - self.t0) - self.clock(t) * self.base)
 
 
 @dataclass(slots=True)
@@ -205,6 +220,8 @@ class TwinJob:
     first_start_s: float | None = None
     end_s: float | None = None
     held_s: float = 0.0
+    held_gpu_s: float = 0.0
+    """GPU-seconds held by past holdings (an elastic job's size changes)."""
     held_since: float = 0.0
     queued_since: float | None = None
     waits: list[float] = field(default_factory=list)
@@ -306,12 +323,15 @@ class TwinJob:
     def open_gen(self, now: float) -> Generation:
         """The machine started a new generation: its members run from now."""
         st = self.status
+        size = len(st.placement)
+        nominal = self.spec.nodes
         self.gen = Generation(
             attempt=self.attempt,
             number=st.generation,
             t0=now,
             s0=st.resumed_from_step or 0,
             nodes=st.placement,
+            base=nominal / size if self.spec.elastic and size and size != nominal else 1.0,
         )
         return self.gen
 

@@ -105,7 +105,8 @@ def end_state(tj: TwinJob) -> str:
 def outcome_record(tj: TwinJob, end_s: float, done: float) -> JobOutcomeRecord:
     """The job's record at the end of the run: ``done`` from :func:`kept_progress` taken
     before its open generation was settled (:meth:`TwinJob.settle`)."""
-    held = tj.held_s + (end_s - tj.held_since if tj.held else 0.0)
+    now_s = end_s - tj.held_since if tj.held else 0.0
+    held = tj.held_s + now_s
     s = tj.spec
     return JobOutcomeRecord(
         job_id=s.job_id,
@@ -126,4 +127,5 @@ def outcome_record(tj: TwinJob, end_s: float, done: float) -> JobOutcomeRecord:
         straggler_moves=tj.straggler_moves,
         straggler_move_s=tj.straggler_move_s,
         waiting_s=end_s - tj.queued_since if tj.queued_since is not None else None,
+        held_gpu_s=tj.held_gpu_s + now_s * tj.gpus_held if s.elastic else None,
     )

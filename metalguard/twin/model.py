@@ -69,6 +69,18 @@ class JobSpec:
     tenant: str = ""
     """The tenant it belongs to ("" : the twin's one default tenant; docs/twin.md
     "Allocation")."""
+    min_nodes: int = 0
+    """An elastic job's fewest members (0: ``nodes``; docs/twin.md "Elastic jobs"). Its
+    ``work_s`` is at ``nodes`` members; at ``k`` it runs ``k / nodes`` as fast."""
+    max_nodes: int = 0
+    """An elastic job's most members (0: ``nodes``)."""
+    resize_interval_s: float = 0.0
+    """An elastic job's least time between growths."""
+
+    @property
+    def elastic(self) -> bool:
+        """Whether it may run at more than one size."""
+        return (self.max_nodes or self.nodes) > (self.min_nodes or self.nodes)
 
     @property
     def gpus(self) -> int:
@@ -325,6 +337,9 @@ class JobOutcomeRecord:
     waiting_s: float | None = None
     """A job still in the queue at the end: how long it has waited there so far (None:
     not waiting)."""
+    held_gpu_s: float | None = None
+    """An elastic job's GPU-seconds held (its size changes, so ``held_s x gpus`` is not
+    it); None: a job of one size."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,9 @@ ETTR_DEFINITION = (
     "end of the run while it still runs or waits again); the wall includes restarts, "
     "checkpoints, repairs and waits in the queue after an interruption, not the first wait. "
     "Fleet: the GPU-weighted ratio, sum(done_s x gpus) / sum(wall_s x gpus) over those jobs. "
+    "An elastic job (pooled runs) counts in GPU-seconds: done_s x gpus (its work is at its "
+    "nominal size) / (the GPU-seconds it held + the wall it held nothing x gpus), the same "
+    "ratio for a job of one size. "
     "jobs_p10/p50/p90: percentiles of the per-job ratio over every started job; "
     "gang_jobs_p50: the median over the gang generator's jobs (null: none started)."
 )
@@ -86,6 +89,7 @@ def build_report(
         "sync": sync(result, fabric, step),
         "allocation": inputs.allocation,
         "tenants": tenants(result),
+        "elastic": elastic(result),
         "queue_wait_s": queue_wait(jobs),
         "jobs": job_counts(jobs),
         "failure_model": model_dict(inputs.failures),
@@ -111,11 +115,16 @@ def ettr(jobs: Iterable[JobOutcomeRecord], run_end_s: float) -> dict[str, Any]:
         wall_s = end_s - job.first_start_s
         if wall_s <= 0:
             continue
-        per_job.append(job.done_s / wall_s)
+        job_wall_gpu_s = wall_s * job.gpus
+        ratio = job.done_s / wall_s
+        if job.held_gpu_s is not None:  # elastic: what it held at each size
+            job_wall_gpu_s = job.held_gpu_s + max(0.0, wall_s - job.held_s) * job.gpus
+            ratio = job.done_s * job.gpus / job_wall_gpu_s if job_wall_gpu_s > 0 else 0.0
+        per_job.append(ratio)
         if job.source == "gang":
-            gang.append(job.done_s / wall_s)
+            gang.append(ratio)
         done_gpu_s += job.done_s * job.gpus
-        wall_gpu_s += wall_s * job.gpus
+        wall_gpu_s += job_wall_gpu_s
     per_job.sort()
     gang.sort()
     return {
@@ -302,6 +311,36 @@ def queue_wait(jobs: Iterable[JobOutcomeRecord]) -> dict[str, float | None]:
     return {f"p{q}": percentile(waits, q) for q in (50, 90, 99)}
 
 
+ELASTIC_PREFIX = "elastic:"
+
+
+def elastic(result: TwinResult) -> dict[str, Any]:
+    """The ``elastic`` section: the elastic jobs that started (``pooled`` runs only),
+    their growths and shrinks (each a fresh checkpoint and a restart at the new size),
+    the generations (starts, restarts, resizes) that ran above their nominal ``nodes``,
+    and ``gpu_hours_beyond_nominal``: the GPU-hours they held above their nominal size
+    (idle capacity they filled);
+    ``size_over_nominal``: their GPU-seconds held / (their time held x nominal GPUs),
+    the mean size they ran at against their nominal one (their run time is its inverse:
+    their work scales with their size)."""
+    jobs = [j for j in result.jobs if j.held_gpu_s is not None and j.first_start_s is not None]
+    beyond = sum(max(0.0, (j.held_gpu_s or 0.0) - j.held_s * j.gpus) for j in jobs)
+    counts = result.decisions
+    above = sum(
+        n for k, n in counts.items() if k.startswith("elastic:size:+") and k != "elastic:size:+0"
+    )
+    nominal = sum(j.held_s * j.gpus for j in jobs)
+    held = sum(j.held_gpu_s or 0.0 for j in jobs)
+    return {
+        "jobs": len(jobs),
+        "size_over_nominal": _ratio(held, nominal),
+        "grows": counts.get("elastic:grows", 0),
+        "shrinks": counts.get("elastic:shrinks", 0),
+        "generations_above_nominal": above,
+        "gpu_hours_beyond_nominal": beyond / 3600,
+    }
+
+
 def job_counts(jobs: Sequence[JobOutcomeRecord]) -> dict[str, int]:
     """Every job counted once, by its state at the end of the run."""
     states = Counter(job.state for job in jobs)
@@ -394,6 +433,15 @@ TENANT_ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 """Rows added to :func:`compare_table` per tenant when a run had an allocation."""
 
+ELASTIC_ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("elastic jobs", ("elastic", "jobs"), "int"),
+    ("elastic size / nominal", ("elastic", "size_over_nominal"), "num"),
+    ("elastic grows", ("elastic", "grows"), "int"),
+    ("elastic shrinks", ("elastic", "shrinks"), "int"),
+    ("elastic GPU-h beyond nominal", ("elastic", "gpu_hours_beyond_nominal"), "int"),
+)
+"""Rows added to :func:`compare_table` when a run had elastic jobs."""
+
 
 def compare_table(reports: Sequence[Mapping[str, Any]]) -> str:
     """One text table: a row per measure, a column per report (headed by its policy);
@@ -405,6 +453,8 @@ def compare_table(reports: Sequence[Mapping[str, Any]]) -> str:
         rows_spec = (*rows_spec, *STRAGGLER_ROWS)
     if any(_lookup(r, ("sync", "gangs")) for r in reports):
         rows_spec = (*rows_spec, *SYNC_ROWS)
+    if any(_lookup(r, ("elastic", "jobs")) for r in reports):
+        rows_spec = (*rows_spec, *ELASTIC_ROWS)
     names = sorted({t for r in reports for t in (r.get("tenants") or {})})
     for name in names:
         rows_spec = (

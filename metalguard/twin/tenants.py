@@ -58,6 +58,11 @@ class JobMix:
     duration_max_days: float = 28.0
     high_priority_share: float = 0.2
     preemptible_share: float = 0.3
+    elastic_share: float = 0.0
+    """The fraction of its multi-node jobs that are elastic (``pooled`` runs only): from
+    half their nodes (rounded up) to twice as many (:func:`elastic_range`)."""
+    resize_interval_hours: float = 1.0
+    """An elastic job's least time between growths (each restarts it from a checkpoint)."""
 
     def durations(self) -> GangParams:
         """The durations as the gang generator's parameters (for :func:`mean_duration_s`)."""
@@ -103,7 +108,18 @@ class Tenants:
 
 TENANT_KEYS = frozenset({"name", "share", "load", "burstiness", "cycle_days", "jobs"})
 MIX_KEYS = frozenset(f.name for f in fields(JobMix))
-_MIX_SHARES = ("high_priority_share", "preemptible_share")
+_MIX_SHARES = ("high_priority_share", "preemptible_share", "elastic_share")
+ELASTIC_LOW = 0.5
+ELASTIC_HIGH = 2
+"""An elastic job runs on ``ceil(ELASTIC_LOW x nodes)`` to ``ELASTIC_HIGH x nodes``."""
+
+
+def elastic_range(nodes: int) -> tuple[int, int]:
+    """An elastic job's ``(min_nodes, max_nodes)`` for its ``nodes`` (a torchrun
+    ``--nnodes=MIN:MAX``); ``(0, 0)`` for a one-node job (never elastic)."""
+    if nodes < 2:
+        return 0, 0
+    return math.ceil(ELASTIC_LOW * nodes), ELASTIC_HIGH * nodes
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -343,12 +359,15 @@ def generate_tenant_jobs(
     part: Sequence[FleetNode],
     days: float,
     rng: random.Random,
+    elastic_rng: random.Random | None = None,
 ) -> tuple[JobSpec, ...]:
     """One tenant's jobs over ``days``: in its active periods a Poisson process whose
     rate makes the GPU-hours asked ``load`` of its contract's (``part``) in expectation,
-    sizes from its mix (those its contract can run), lognormal work. Ids
-    ``<tenant>-00001``...; the same ``rng`` state gives the same jobs (none when no size
-    fits: :func:`all_tenant_jobs` refuses that)."""
+    sizes from its mix (those its contract can run), lognormal work; ``elastic_share``
+    of its multi-node jobs elastic, drawn from ``elastic_rng`` (its own stream: the
+    other draws are the same whatever the share). Ids ``<tenant>-00001``...; the same
+    ``rng`` state gives the same jobs (none when no size fits: :func:`all_tenant_jobs`
+    refuses that)."""
     horizon = days * DAY_S
     contract = sum(n.gpus for n in part)
     sizes = fitting_sizes(tenant.jobs, part)
@@ -363,6 +382,7 @@ def generate_tenant_jobs(
     median = mix.duration_median_days * DAY_S
     lo, hi = mix.duration_min_days * DAY_S, mix.duration_max_days * DAY_S
     costs = GangParams()
+    picks = elastic_rng or random.Random(f"{tenant.name}:elastic")
     jobs: list[JobSpec] = []
     for start, end in periods:
         t = start
@@ -378,11 +398,15 @@ def generate_tenant_jobs(
             high = u < mix.high_priority_share
             i = len(jobs) + 1
             per_node = min(gpus, GANG_GPUS_PER_NODE)
+            nodes = gpus // per_node
+            fewest, most = elastic_range(nodes)
+            if not (most and mix.elastic_share > 0 and picks.random() < mix.elastic_share):
+                fewest, most = 0, 0
             jobs.append(
                 JobSpec(
                     job_id=f"{tenant.name}-{i:05d}",
                     submit_s=t,
-                    nodes=gpus // per_node,
+                    nodes=nodes,
                     gpus_per_node=per_node,
                     work_s=min(max(drawn, lo), hi),
                     priority=costs.high_priority if high else 0,
@@ -393,6 +417,9 @@ def generate_tenant_jobs(
                     source="gang",
                     origin=f"tenant {tenant.name} #{i}",
                     tenant=tenant.name,
+                    min_nodes=fewest,
+                    max_nodes=most,
+                    resize_interval_s=mix.resize_interval_hours * 3600.0 if most else 0.0,
                 )
             )
     return tuple(jobs)
@@ -420,7 +447,8 @@ def all_tenant_jobs(
                 f"no job size fits its contract on this fleet ({len(part)} nodes, {gpus} GPUs)",
             )
         rng = random.Random(f"{seed}:tenants:{t.name}")
-        jobs.extend(generate_tenant_jobs(t, part, days, rng))
+        elastic_rng = random.Random(f"{seed}:tenants:{t.name}:elastic")
+        jobs.extend(generate_tenant_jobs(t, part, days, rng, elastic_rng))
     return tuple(sorted(jobs, key=lambda j: (j.submit_s, j.job_id)))
 
 

@@ -21,6 +21,7 @@ REPORT_KEYS = frozenset(
         "sync",
         "allocation",
         "tenants",
+        "elastic",
         "queue_wait_s",
         "jobs",
         "failure_model",
