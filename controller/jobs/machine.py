@@ -268,39 +268,18 @@ def resize(
     to_nodes: tuple[str, ...],
     reason: str,
     attributes: Mapping[str, AttrValue],
-    reclaim_for: str = "",
 ) -> Step:
     """Begin resizing a running elastic job onto ``to_nodes`` (rank order): a fresh
     checkpoint, stop, then start there at once with the new world size (``reason``:
     ``grow`` into idle nodes, or ``shrink`` to make room for a preempting job;
-    ``attributes``: the ``job.resized`` event's, :meth:`elastic.Resize.attributes`).
-
-    ``reclaim_for``: a shrink that gives borrowed capacity back to this tenant's
-    guarantee (a reclaim, docs/scheduler.md "Tenant quotas"): ``tenant.reclaim`` says
-    so beside ``job.resized``, as for a borrowed job stopped whole."""
+    ``attributes``: the ``job.resized`` event's, :meth:`elastic.Resize.attributes`)."""
     if status.state != "running" or status.move is not None or not to_nodes:
         return Step(status)
     move = replace(_new_move(status, "resized", now, exclude=(), target="place"), to_nodes=to_nodes)
-    before = len(status.placement)
-    why = f"resized ({reason}): {before} -> {len(to_nodes)} nodes"
+    why = f"resized ({reason}): {len(status.placement)} -> {len(to_nodes)} nodes"
     status = _set_move(status, move, now, "checkpointing", why)
-    emits = [_emit(status, "job.resized", move.move_id, why, dict(attributes))]
-    if reclaim_for:
-        tenant = status.job.tenant if status.job is not None else ""
-        by = str(attributes.get("by", ""))
-        attrs: dict[str, AttrValue] = {
-            "by": by,
-            "reclaim_for": reclaim_for,
-            "tenant": tenant,
-            "from": before,
-            "to": len(to_nodes),
-        }
-        message = (
-            f"tenant {reclaim_for} takes back capacity {tenant} borrowed: "
-            f"{status.job_id} shrinks from {before} to {len(to_nodes)} nodes for {by}"
-        )
-        emits.append(_emit(status, "tenant.reclaim", move.move_id, message, attrs))
-    return Step(status, emits=tuple(emits))
+    emit = _emit(status, "job.resized", move.move_id, why, dict(attributes))
+    return Step(status, emits=(emit,))
 
 
 def held_nodes(status: JobStatus) -> tuple[str, ...]:

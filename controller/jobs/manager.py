@@ -548,7 +548,7 @@ class JobManager:
             reclaim_for = owner.job.tenant
         req = requests.get(pre.job_id)
         shrinks = {}
-        if req is not None:
+        if req is not None and pre.cause == "priority":
             shrinks = elastic.shrink_victims(req, pre, running, jobs, index)
         for victim in pre.victims:
             held = self._live.get(victim)
@@ -557,9 +557,7 @@ class JobManager:
             shrink = shrinks.get(victim)
             if shrink is not None:
                 attrs = shrink.attributes()
-                step = machine.resize(
-                    held, world.now, shrink.to_nodes, "shrink", attrs, reclaim_for
-                )
+                step = machine.resize(held, world.now, shrink.to_nodes, "shrink", attrs)
             else:
                 step = machine.preempt(held, world.now, pre.job_id, reclaim_for)
             await self._apply(step)

@@ -957,13 +957,11 @@ class Engine:
                     v.report(now)  # the move records the furthest step and checkpoint
                 shrink = shrinks.get(victim)
                 if shrink is not None:  # it gives up what the preempting job needs
-                    attrs = shrink.attributes()
                     step = machine.resize(
-                        v.status, now, shrink.to_nodes, "shrink", attrs, reclaim_for
+                        v.status, now, shrink.to_nodes, "shrink", shrink.attributes()
                     )
                     if step.status is not v.status:
                         self.counts["elastic:shrinks"] += 1
-                        self._count_reclaim(reclaim_for, v)
                         self._apply(v, step)
                         self._drive(v)
                     continue
@@ -971,7 +969,10 @@ class Engine:
                 if step.status is v.status:
                     continue  # already moving
                 self.counts["scheduler:preemptions"] += 1
-                self._count_reclaim(reclaim_for, v)
+                if reclaim_for:
+                    self.counts["scheduler:reclaims"] += 1
+                    if self.tenant_meter is not None:
+                        self.tenant_meter.reclaim(reclaim_for, v.request.tenant)
                 g = v.live_gen()
                 if g is not None and not g.cause:
                     g.cause = "reclaimed" if reclaim_for else "preempted"
@@ -980,13 +981,6 @@ class Engine:
 
         if self.growable:
             self._grow(decided, running)
-
-    def _count_reclaim(self, reclaim_for: str, victim: TwinJob) -> None:
-        """A reclaim for ``reclaim_for`` stopped or shrank ``victim`` ("" : none)."""
-        if reclaim_for:
-            self.counts["scheduler:reclaims"] += 1
-            if self.tenant_meter is not None:
-                self.tenant_meter.reclaim(reclaim_for, victim.request.tenant)
 
     # --- elastic jobs (pooled; docs/twin.md "Elastic jobs") ------------------------------
 
@@ -1019,10 +1013,10 @@ class Engine:
     def _shrinks(
         self, pre: Preemption, req: JobRequest | None, running: Sequence[RunningJob]
     ) -> dict[str, elastic.Resize]:
-        """The elastic victims of a preemption or a reclaim that shrink instead of
-        stopping (the job manager's ``shrink_victims``)."""
+        """The elastic victims of a priority preemption that shrink instead of stopping
+        (the job manager's rule: a reclaim stops its victims whole)."""
         pool = self.alloc
-        if not self.elastic or req is None:
+        if not self.elastic or req is None or pre.cause != "priority":
             return {}
         if not isinstance(pool, Pool):
             return {}

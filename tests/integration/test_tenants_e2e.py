@@ -6,8 +6,6 @@ runs one job inside its guarantee and borrows the idle half of the fleet for a s
 ``team-a`` then submits inside its own guarantee: the borrowed job (and only it) is
 checkpointed and stopped (``tenant.reclaim``), team-a's job starts on the freed nodes,
 and the borrower's job resumes from its checkpoint later with the uninterrupted digest.
-An elastic borrower is shrunk to what the owner leaves it instead (docs/jobs.md "Elastic
-jobs"): it keeps running on its own guarantee.
 """
 
 from __future__ import annotations
@@ -69,42 +67,3 @@ async def test_a_tenant_inside_its_guarantee_reclaims_borrowed_capacity(
         assert env.job(own.job_id).digest == expected_digest(400)
         assert env.job(owner).digest == expected_digest(60)
         assert not env.of("job.rescheduled", own.job_id)
-
-
-@pytest.mark.slow
-async def test_an_elastic_borrower_is_shrunk_by_a_reclaim_not_stopped(
-    tmp_path: Path, nats_url: str, nc: Client, subjects: Subjects
-) -> None:
-    async with jobs_env(
-        tmp_path, nats_url, nc, subjects, racks=2, nodes_per_rack=3, tenants=QUOTAS
-    ) as env:  # fmt: skip
-        steps = 700
-        elastic = await env.submit(
-            "b-elastic", steps, nodes=2, min_nodes=2, max_nodes=6, resize_interval_s=600,
-            tenant="team-b", checkpoint_every=0.5,
-        )  # fmt: skip
-        first = await env.wait_state(elastic, {"running"})
-        assert len(first.placement) == 6  # the whole idle fleet: 24 GPUs borrowed
-        await env.wait_step(elastic, 20)
-        _, usage = env.manager.tenant_usage()
-        assert (usage["team-b"].in_use, usage["team-b"].borrowed) == (48, 24)
-
-        owner = await env.submit("a-own", 60, nodes=3, tenant="team-a")
-        started = await env.wait_state(owner, {"running", "succeeded"})
-        reclaims = env.of("tenant.reclaim")
-        assert [e.job_id for e in reclaims] == [elastic]
-        attrs = reclaims[0].attributes
-        assert (attrs["reclaim_for"], attrs["by"], attrs["to"]) == ("team-a", owner, 3)
-        shrink = env.of("job.resized", elastic)
-        assert [e.attributes["reason"] for e in shrink] == ["shrink"]
-        kept = set(str(shrink[0].attributes["to_nodes"]).split(","))
-        assert len(kept) == 3
-        assert not kept & set(started.placement)
-        assert not env.of("job.preempted")  # shrunk, never stopped whole
-        _, usage = env.manager.tenant_usage()
-        assert usage["team-b"].borrowed == 0
-
-        await env.wait_state(owner, {"succeeded"}, timeout_s=60)
-        done = await env.wait_state(elastic, {"succeeded"}, timeout_s=120)
-        assert done.digest == expected_digest(steps)
-        assert env.job(owner).digest == expected_digest(60)

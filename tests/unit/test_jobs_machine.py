@@ -268,33 +268,6 @@ def test_preemption_checkpoints_stops_and_requeues() -> None:
     assert {x.args["resume_from"] for x in starts.sends} == {"/ck/7"}
 
 
-def test_a_shrink_restarts_on_the_nodes_it_keeps_and_a_reclaim_says_so() -> None:
-    s = running(job(nodes=2, min_nodes=1, max_nodes=2, tenant="team-b"))
-    attrs = {"from": 2, "to": 1, "reason": "shrink", "by": "j-owner"}
-    step = m.resize(s, T0 + 1, ("r.c.n1",), "shrink", attrs, reclaim_for="team-a")
-    assert kinds(step) == ["job.resized", "tenant.reclaim"]
-    reclaim = step.emits[1]
-    assert reclaim.attributes == {
-        "by": "j-owner",
-        "reclaim_for": "team-a",
-        "tenant": "team-b",
-        "from": 2,
-        "to": 1,
-    }
-    assert "shrinks from 2 to 1 nodes for j-owner" in reclaim.message
-    assert m.held_nodes(step.status) == NODES  # until it restarts on the one it keeps
-    step = m.advance(step.status, world(T0 + 1))
-    replies = answer_all(step, step=7, path="/ck/7")
-    step = m.advance(step.status, m.World(T0 + 2, HEALTHY, replies, timings=TIMINGS))
-    replies |= answer_all(step)
-    step = m.advance(step.status, m.World(T0 + 3, HEALTHY, replies, timings=TIMINGS))
-    assert step.status.placement == ("r.c.n1",)
-    assert step.status.generation == s.generation + 1
-    assert {x.args["resume_from"] for x in step.sends if x.verb == "start"} == {"/ck/7"}
-    plain = m.resize(s, T0 + 1, ("r.c.n1",), "shrink", attrs)  # a priority preemption's
-    assert kinds(plain) == ["job.resized"]
-
-
 def test_cancel_of_a_running_job_stops_it() -> None:
     s = m.request_cancel(running(), T0 + 1)
     step = m.advance(s, world(T0 + 1))

@@ -176,26 +176,3 @@ def test_the_report_counts_the_elastic_jobs_and_what_they_held_beyond_nominal() 
     assert section["size_over_nominal"] == pytest.approx(r.held_gpu_s / (r.held_s * 16), abs=1e-5)
     assert section["size_over_nominal"] > 1
     assert build_report(simulate((f, e), "dedicated"))["elastic"]["jobs"] == 0
-
-
-def test_a_reclaim_shrinks_an_elastic_borrower_to_what_the_owner_leaves() -> None:
-    handles = [n.handle for n in NODES]
-    parts = {"a": tuple(handles[:2]), "b": tuple(handles[2:])}
-    borrower = replace(ELASTIC, tenant="b", min_nodes=2, work_s=3 * 3600.0)
-    owner = replace(JOB, job_id="o", tenant="a", submit_s=START + 1000)
-    inp = replace(inputs((borrower, owner), n=4), allocation="pooled", partitions=parts)
-    engine = Engine(inp, METALGUARD, faults=(), health=HealthModel(inp.nodes, METALGUARD))
-    result = engine.run()
-    assert [n for n, _, _ in held(result, "e")][:2] == [4, 2]  # borrowed a's 2, gave them back
-    assert result.decisions["elastic:shrinks"] == 1
-    assert result.decisions["scheduler:reclaims"] == 1
-    assert result.decisions["tenant.reclaim"] == 1  # the real machine's event
-    assert result.decisions.get("scheduler:preemptions", 0) == 0
-    assert result.tenant_usage["a"]["reclaims_made"] == 1
-    assert result.tenant_usage["b"]["reclaims_suffered"] == 1
-    o = record(result, "o")
-    assert o.first_start_s is not None
-    assert o.first_start_s < START + 1000 + 300
-    r = record(result, "e")
-    assert r.done_s == r.work_s
-    assert r.redone_s == 0.0
