@@ -22,6 +22,8 @@ which ``gpus_by_type`` per GPU type, the rest of any type.  Rules (docs/schedule
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -207,20 +209,26 @@ class Guarantee:
     def borrowed(self, use: Mapping[str, int]) -> int:
         """GPUs of ``use`` beyond the guarantee: what exceeds each type's share, less the
         part of any type (``gpus`` minus the typed shares)."""
+        if not self.by_type:  # all of it of any type (the same sums, fewer steps)
+            return max(0, sum(n for n in use.values() if n > 0) - self.gpus)
         excess = sum(max(0, n - self.by_type.get(t, 0)) for t, n in use.items())
         return max(0, excess - (self.gpus - sum(self.by_type.values())))
 
     def within(self, use: Mapping[str, int]) -> bool:
         return self.borrowed(use) == 0
 
-    def unused(self, use: Mapping[str, int]) -> int:
+    def unused(self, use: Mapping[str, int], borrowed: int | None = None) -> int:
         """Its guarantee that ``use`` leaves empty (use beyond a type's share that the
-        part of any type cannot take fills none of it)."""
-        return self.gpus - (sum(use.values()) - self.borrowed(use))
+        part of any type cannot take fills none of it); ``borrowed``: :meth:`borrowed`
+        of ``use`` when known."""
+        if borrowed is None:
+            borrowed = self.borrowed(use)
+        return self.gpus - (sum(use.values()) - borrowed)
 
-    def lendable(self, use: Mapping[str, int]) -> int:
-        """Of its unused guarantee, what others may borrow."""
-        unused = self.unused(use)
+    def lendable(self, use: Mapping[str, int], borrowed: int | None = None) -> int:
+        """Of its unused guarantee, what others may borrow (``borrowed`` as for
+        :meth:`unused`)."""
+        unused = self.unused(use, borrowed)
         return unused if self.lend_limit is None else min(unused, self.lend_limit)
 
 
@@ -239,6 +247,66 @@ def held_gpus(req: JobRequest, placement: Iterable[str], nodes: Mapping[str, Fle
         elif req.gpus_per_node:
             out[node.gpu_type] += req.gpus_per_node
     return out
+
+
+def held_by_tenant(
+    running: Iterable[RunningJob], nodes: Mapping[str, FleetNode]
+) -> defaultdict[str, Gpus]:
+    """Per tenant, the GPUs its running jobs hold (:func:`held_gpus`)."""
+    held: defaultdict[str, Gpus] = defaultdict(Counter)
+    for job in running:
+        held[job.request.tenant].update(held_gpus(job.request, job.placement, nodes))
+    return held
+
+
+class TenantHoldings:
+    """What each tenant's running jobs hold (:func:`held_by_tenant`) and the fleet's GPUs,
+    kept across queue passes beside a kept :class:`FleetIndex`: give it the same
+    ``commit`` / ``release`` / ``update_node`` as the index (O(the nodes touched) each),
+    and :func:`schedule_with_quotas` takes them from it instead of counting them over
+    every running job and node each pass (the same decisions)."""
+
+    def __init__(self, nodes: Iterable[FleetNode], running: Iterable[RunningJob] = ()) -> None:
+        self.nodes: dict[str, FleetNode] = {n.handle: n for n in nodes}
+        self.fleet_gpus = sum(n.gpus for n in self.nodes.values())
+        self.held: dict[str, Gpus] = held_by_tenant(running, self.nodes)
+        self.stale = False
+        """A node's GPUs changed under jobs that may hold them: count again (``recount``)."""
+
+    def commit(self, req: JobRequest, placement: Sequence[str]) -> None:
+        """``req`` now holds ``placement``."""
+        got = held_gpus(req, placement, self.nodes)
+        if got:
+            self.held.setdefault(req.tenant, Counter()).update(got)
+
+    def release(self, req: JobRequest, placement: Sequence[str]) -> None:
+        """Undo :meth:`commit`: ``req`` is gone."""
+        got = held_gpus(req, placement, self.nodes)
+        mine = self.held.get(req.tenant)
+        if not got or mine is None:
+            return
+        mine.subtract(got)
+        for gpu_type in got:
+            if mine[gpu_type] <= 0:
+                del mine[gpu_type]
+        if not mine:
+            del self.held[req.tenant]
+
+    def update_node(self, node: FleetNode) -> None:
+        """Replace one node's record; a change of its GPUs or their type makes the
+        holdings ``stale`` (its jobs' are not known here)."""
+        old = self.nodes.get(node.handle)
+        if old is None:
+            raise ValueError(f"update_node: {node.handle!r} is not in the holdings")
+        self.nodes[node.handle] = node
+        if old.gpus != node.gpus or old.gpu_type != node.gpu_type:
+            self.fleet_gpus += node.gpus - old.gpus
+            self.stale = True
+
+    def recount(self, running: Iterable[RunningJob]) -> None:
+        """Count the holdings again from ``running`` (all that holds nodes now)."""
+        self.held = held_by_tenant(running, self.nodes)
+        self.stale = False
 
 
 def may_hold(
@@ -309,33 +377,47 @@ def usage(
     guarantee in proportion to what they lend (``lend_limit``), then (past that) to their
     unused guarantee; ``waiting``: what its queued jobs ask for (:func:`asked_gpus`)."""
     fleet = {n.handle: n for n in nodes}
-    held: dict[str, Gpus] = defaultdict(Counter)
-    for job in running:
-        held[job.request.tenant].update(held_gpus(job.request, job.placement, fleet))
+    held = held_by_tenant(running, fleet)
     waiting: dict[str, int] = defaultdict(int)
     waiting_jobs: Counter[str] = Counter()
     for req in queued:
         waiting[req.tenant] += sum(asked_gpus(req, fleet.values()).values())
         waiting_jobs[req.tenant] += 1
+    return usage_of(quotas, held, sum(n.gpus for n in fleet.values()), waiting, waiting_jobs)
+
+
+def usage_of(
+    quotas: Mapping[str, TenantQuota],
+    held: Mapping[str, Mapping[str, int]],
+    fleet_gpus: int,
+    waiting: Mapping[str, int] | None = None,
+    waiting_jobs: Mapping[str, int] | None = None,
+) -> dict[str, TenantUsage]:
+    """:func:`usage` from what each tenant holds (GPUs by type), the fleet's GPUs and
+    what its queued jobs ask (GPUs, jobs), without a walk over the fleet."""
+    waiting = waiting or {}
+    waiting_jobs = waiting_jobs or {}
+    nothing: Mapping[str, int] = {}
     names = sorted(set(quotas) | set(held) | set(waiting))
+    use = {name: held.get(name, nothing) for name in names}
     guarantees = {name: Guarantee.of(quotas.get(name)) for name in names}
-    borrowed = {name: guarantees[name].borrowed(held[name]) for name in names}
-    over = sum(borrowed.values()) - _free_pool(quotas, sum(n.gpus for n in fleet.values()))
-    lendable = {n: guarantees[n].lendable(held[n]) for n in quotas}
+    borrowed = {name: guarantees[name].borrowed(use[name]) for name in names}
+    over = sum(borrowed.values()) - _free_pool(quotas, fleet_gpus)
+    lendable = {n: guarantees[n].lendable(use[n], borrowed[n]) for n in quotas}
     lent = _share(over, lendable)
-    unused = {n: guarantees[n].unused(held[n]) - lent.get(n, 0) for n in quotas}
+    unused = {n: guarantees[n].unused(use[n], borrowed[n]) - lent.get(n, 0) for n in quotas}
     for n, extra in _share(over - sum(lent.values()), unused).items():
         lent[n] = lent.get(n, 0) + extra
     return {
         name: TenantUsage(
             name=name,
             guarantee=guarantees[name].gpus,
-            in_use=sum(held[name].values()),
-            in_use_by_type={t: n for t, n in sorted(held[name].items()) if n},
+            in_use=sum(use[name].values()),
+            in_use_by_type={t: n for t, n in sorted(use[name].items()) if n},
             borrowed=borrowed[name],
             lent=lent.get(name, 0),
-            waiting=waiting[name],
-            waiting_jobs=waiting_jobs[name],
+            waiting=waiting.get(name, 0),
+            waiting_jobs=waiting_jobs.get(name, 0),
             quota=quotas.get(name),
         )
         for name in names
@@ -355,16 +437,29 @@ def schedule_with_quotas(
     empty: FleetIndex | None = None,
     preempt: bool = True,
     backfill: bool = True,
+    holdings: TenantHoldings | None = None,
 ) -> QueuePass:
     """One queue pass with tenant quotas (the module's rules); without quotas exactly
     ``schedule_queue``.  ``index`` (with ``empty``): a kept index holding ``running``, as
     for ``schedule_on`` (``nodes`` is then not read); the pass's placements stay committed
-    in it.  Reclaim preemptions have ``cause="reclaim"``."""
+    in it.  ``holdings`` (with ``index``): kept beside it, holding ``running`` too (counted
+    again when ``stale``); the placements are committed in it as well.  Reclaim
+    preemptions have ``cause="reclaim"``."""
     if index is None:
         index = FleetIndex(nodes, running)
+    if holdings is not None and holdings.stale:
+        holdings.recount(running)
     if not quotas:
-        return schedule_on(index, queue, running, empty=empty, preempt=preempt, backfill=backfill)
-    return _QuotaPass(index, running, quotas, empty, preempt, backfill).run(queue)
+        queue = list(queue)
+        decided = schedule_on(
+            index, queue, running, empty=empty, preempt=preempt, backfill=backfill
+        )
+        if holdings is not None and decided.placements:
+            by_id = {r.job_id: r for r in queue}
+            for placed in decided.placements:
+                holdings.commit(by_id[placed.job_id], placed.nodes)
+        return decided
+    return _QuotaPass(index, running, quotas, empty, preempt, backfill, holdings).run(queue)
 
 
 class _QuotaPass:
@@ -378,28 +473,82 @@ class _QuotaPass:
         empty: FleetIndex | None,
         preempt: bool,
         backfill: bool,
+        holdings: TenantHoldings | None = None,
     ) -> None:
         self.index, self.running, self.quotas = index, running, quotas
         self.empty, self.preempt, self.backfill = empty, preempt, backfill
+        self.holdings = holdings
         self.fleet = index.nodes
-        self.free_pool = _free_pool(quotas, sum(n.gpus for n in self.fleet.values()))
-        self.held: dict[str, Gpus] = defaultdict(Counter)
-        for job in running:
-            self.held[job.request.tenant].update(self.gpus(job))
-        self.by_tenant: dict[str, list[RunningJob]] = defaultdict(list)
-        for job in running:
-            self.by_tenant[job.request.tenant].append(job)
+        self.held: dict[str, Gpus]
+        if holdings is None:
+            self.free_pool = _free_pool(quotas, sum(n.gpus for n in self.fleet.values()))
+            self.held = held_by_tenant(running, self.fleet)
+        else:  # kept: no walk over the running jobs and the fleet
+            self.free_pool = _free_pool(quotas, holdings.fleet_gpus)
+            self.held = defaultdict(Counter, {t: Counter(g) for t, g in holdings.held.items()})
+        self.preemptible: dict[str, tuple[list[int], list[tuple[int, RunningJob]]]] | None = None
+        """Per tenant, its preemptible running jobs' priorities, and the jobs (with their
+        position in ``running``) in that order: grouped when first needed."""
+        self.guarantees: dict[str, Guarantee] = {}
+        self.job_gpus: dict[int, tuple[RunningJob, Gpus]] = {}
+        """:meth:`gpus` of the running jobs asked so far, by ``id``."""
+        self.by_reclaim: dict[str, list[tuple[int, float, str, int, RunningJob]]] | None = None
+        """:meth:`reclaim_order`, once it is asked."""
         self.biggest: dict[str, int] = {}
         """The GPUs of the biggest node of each GPU type ("": any), found once a pass."""
         self.stopped: set[str] = set()
         self.reserved: set[str] = set()
+        self.held_back: frozenset[str] = frozenset()
+        """``reserved`` as of its last change (each trial's ``exclude``)."""
         self.promised: list[tuple[JobRequest, tuple[str, ...]]] = []
         self.placements: list[Placement] = []
         self.preemptions: list[Preemption] = []
         self.blocked: list[Blocked] = []
 
     def guarantee(self, tenant: str) -> Guarantee:
-        return Guarantee.of(self.quotas.get(tenant))
+        mine = self.guarantees.get(tenant)
+        if mine is None:
+            mine = self.guarantees[tenant] = Guarantee.of(self.quotas.get(tenant))
+        return mine
+
+    def own(self, tenant: str, below: int) -> list[RunningJob]:
+        """The tenant's preemptible running jobs of a priority below ``below``, not
+        stopped, in the order of ``running``."""
+        if self.preemptible is None:
+            self.preemptible = {}
+            for pos, job in enumerate(self.running):
+                if job.request.preemptible:
+                    self.preemptible.setdefault(job.request.tenant, ([], []))[1].append((pos, job))
+            for priorities, jobs in self.preemptible.values():
+                jobs.sort(key=lambda p: (p[1].request.priority, p[0]))
+                priorities.extend(j.request.priority for _, j in jobs)
+        mine = self.preemptible.get(tenant)
+        if mine is None or not mine[0] or mine[0][0] >= below:
+            return []
+        priorities, jobs = mine
+        end = bisect.bisect_left(priorities, below)
+        found = [p for p in jobs[:end] if p[1].request.job_id not in self.stopped]
+        found.sort(key=lambda p: p[0])
+        return [j for _, j in found]
+
+    def reclaim_order(self) -> dict[str, list[tuple[int, float, str, int, RunningJob]]]:
+        """Per tenant, its running jobs in reclaim order (lowest priority first, then the
+        most recently started, then by id; ties: their order in ``running``), once a
+        pass."""
+        if self.by_reclaim is None:
+            self.by_reclaim = {}
+            for pos, j in enumerate(self.running):
+                key = (j.request.priority, -j.started_ts, j.request.job_id, pos, j)
+                self.by_reclaim.setdefault(j.request.tenant, []).append(key)
+            for jobs in self.by_reclaim.values():
+                jobs.sort(key=lambda k: k[:4])
+        return self.by_reclaim
+
+    def commit(self, req: JobRequest, nodes: tuple[str, ...]) -> None:
+        """``req`` holds ``nodes`` from now on: in the index (and the kept holdings)."""
+        self.index.commit(req, nodes)
+        if self.holdings is not None:
+            self.holdings.commit(req, nodes)
 
     def asked(self, req: JobRequest) -> Gpus:
         """:func:`asked_gpus` of ``req``, a whole-node job's biggest node found once per
@@ -420,7 +569,13 @@ class _QuotaPass:
         return Counter({req.gpu_type: req.nodes * per_node}) if per_node else Counter()
 
     def gpus(self, job: RunningJob) -> Gpus:
-        return held_gpus(job.request, job.placement, self.fleet)
+        """:func:`held_gpus` of a running job, counted once a pass (not to be changed)."""
+        known = self.job_gpus.get(id(job))
+        if known is not None and known[0] is job:
+            return known[1]
+        gpus = held_gpus(job.request, job.placement, self.fleet)
+        self.job_gpus[id(job)] = (job, gpus)
+        return gpus
 
     def order(self, queue: Iterable[JobRequest]) -> list[JobRequest]:
         """Priority order, but the jobs inside their tenant's guarantee first: per tenant,
@@ -428,13 +583,18 @@ class _QuotaPass:
         guarantee leaves (:func:`asked_gpus`)."""
         inside: list[JobRequest] = []
         rest: list[JobRequest] = []
-        use = {t: Counter(g) for t, g in self.held.items()}
+        use: dict[str, Gpus] = {}
         past: set[str] = set()
         for req in queue_order(queue):
             tenant = req.tenant
-            mine = use.setdefault(tenant, Counter())
+            if tenant in past or tenant not in self.quotas:  # its prefix ended: no count
+                rest.append(req)
+                continue
+            mine = use.get(tenant)
+            if mine is None:
+                mine = use[tenant] = Counter(self.held.get(tenant, ()))
             mine.update(self.asked(req))
-            if tenant in self.quotas and tenant not in past and self.guarantee(tenant).within(mine):
+            if self.guarantee(tenant).within(mine):
                 inside.append(req)
             else:
                 past.add(tenant)
@@ -460,13 +620,16 @@ class _QuotaPass:
         """Place, preempt or block one job; False when the pass stops (no backfill)."""
         trial = req
         if self.reserved:
-            trial = replace(req, exclude=req.exclude | frozenset(self.reserved))
+            if len(self.held_back) != len(self.reserved):  # it only grows in a pass
+                self.held_back = frozenset(self.reserved)
+            exclude = req.exclude | self.held_back if req.exclude else self.held_back
+            trial = replace(req, exclude=exclude)
         placed = self.index.place(trial)
         refused = None
         if placed is not None:
             refused = self.refusal(req.tenant, self.after(req, placed))
             if refused is None:
-                self.index.commit(req, placed.nodes)
+                self.commit(req, placed.nodes)
                 self.held[req.tenant] = self.after(req, placed)
                 self.placements.append(placed)
                 return True
@@ -527,20 +690,26 @@ class _QuotaPass:
         least = 0 if req.exclusive else req.nodes * req.gpus_per_node
         if tenant not in self.quotas or sum(self.held[tenant].values()) + least > mine.gpus:
             return None  # no quota, or past its guarantee with the job whatever its nodes
-        candidates = sorted(
-            (
-                j
-                for j in self.running
-                if j.request.tenant != tenant
-                and j.request.job_id not in self.stopped
-                and self.could_help(j, req)
-            ),
-            key=lambda j: (j.request.priority, -j.started_ts, j.request.job_id),
-        )
+        # only the jobs of tenants that borrow now: one that borrows nothing never does in
+        # the walk (it takes jobs of borrowing tenants only, which lowers what they hold)
+        lists = [
+            jobs
+            for t, jobs in self.reclaim_order().items()
+            if t != tenant and self.guarantee(t).borrowed(self.held.get(t, {})) > 0
+        ]
+        candidates = [
+            job
+            for *_, job in (lists[0] if len(lists) == 1 else heapq.merge(*lists))
+            if job.request.job_id not in self.stopped and self.could_help(job, req)
+        ]
+        freed = len({h for job in candidates for h in job.placement})
+        if freed < trial.nodes and self.index.fit_count(trial) + freed < trial.nodes:
+            return None  # it would not fit with every candidate gone (no walk needed)
 
         def borrowing(job: RunningJob, held: Mapping[str, Gpus]) -> bool:
             use, theirs = held[job.request.tenant], self.guarantee(job.request.tenant)
-            return theirs.borrowed(use) > theirs.borrowed(+(use - self.gpus(job)))
+            now = theirs.borrowed(use)
+            return now > 0 and now > theirs.borrowed(+(use - self.gpus(job)))
 
         def inside(placed: Placement, _: Mapping[str, Gpus]) -> bool:
             wanted = held_gpus(req, placed.nodes, self.fleet)
@@ -552,13 +721,7 @@ class _QuotaPass:
         """The tenant's own preemptible, lower-priority jobs, stopped so that ``req`` fits
         and its tenant may hold it: the planner as without quotas when it does not fit,
         else (its quota refused it) the fewest of them in victim order."""
-        own = [
-            j
-            for j in self.by_tenant.get(req.tenant, ())
-            if j.request.preemptible
-            and j.request.priority < req.priority
-            and j.request.job_id not in self.stopped
-        ]
+        own = self.own(req.tenant, req.priority)
         if not own:
             return None
 

@@ -34,23 +34,28 @@ from metalguard.twin.model import AllocationMode, Policy
 
 
 class Pool:
-    """One index of the whole fleet under tenant quotas (``pooled``)."""
+    """One index of the whole fleet under tenant quotas (``pooled``), with each tenant's
+    GPUs held kept beside it (a pass does not count them again)."""
 
     def __init__(self, nodes: Iterable[FleetNode], quotas: Mapping[str, TenantQuota]) -> None:
         nodes = tuple(nodes)
         self.quotas = dict(quotas)
         self.index = FleetIndex(nodes)
         self.empty = FleetIndex(nodes)
+        self.holdings = quota.TenantHoldings(nodes)
 
     def update_node(self, node: FleetNode) -> None:
         self.index.update_node(node)
         self.empty.update_node(node)
+        self.holdings.update_node(node)
 
     def commit(self, req: JobRequest, nodes: tuple[str, ...]) -> None:
         self.index.commit(req, nodes)
+        self.holdings.commit(req, nodes)
 
     def release(self, req: JobRequest, nodes: tuple[str, ...]) -> None:
         self.index.release(req, nodes)
+        self.holdings.release(req, nodes)
 
     def schedule(
         self, queue: list[JobRequest], running: list[RunningJob], policy: Policy
@@ -65,6 +70,7 @@ class Pool:
             empty=self.empty,
             preempt=policy.preemption,
             backfill=policy.backfill,
+            holdings=self.holdings,
         )
 
 
@@ -158,14 +164,15 @@ def allocator(
 class TenantMeter:
     """Per tenant, GPU-seconds in use, inside its guarantee, borrowed and lent, integrated
     exactly (piecewise constant between changes). The rates come from the real
-    :func:`quota.usage` over the fleet, given each tenant's GPUs held as one running job
-    (what ``usage`` counts of a tenant is its GPUs in all, without typed shares)."""
+    :func:`quota.usage_of` (what :func:`quota.usage` counts) on the fleet's GPUs, given
+    each tenant's GPUs held in all (no typed shares: the GPU type does not matter)."""
 
     KEYS = ("used", "within", "borrowed", "lent")
     COUNTS = ("reclaims_made", "reclaims_suffered")
 
     def __init__(self, nodes: Sequence[FleetNode], quotas: Mapping[str, TenantQuota]) -> None:
         self.nodes = tuple(nodes)
+        self.fleet_gpus = sum(n.gpus for n in self.nodes)
         self.quotas = dict(quotas)
         self.held: dict[str, int] = dict.fromkeys(self.quotas, 0)
         self.rates: dict[str, dict[str, int]] = {}
@@ -211,12 +218,8 @@ class TenantMeter:
         return {t: dict(sorted(self.totals[t].items())) for t in sorted(self.totals)}
 
     def _rates(self) -> dict[str, dict[str, int]]:
-        running = [
-            RunningJob(JobRequest(f"{t}:held", tenant=t, gpus_per_node=n), ("",))
-            for t, n in sorted(self.held.items())
-            if n > 0
-        ]
-        used = quota.usage(self.quotas, self.nodes, running)
+        held = {t: {"": n} for t, n in sorted(self.held.items()) if n > 0}
+        used = quota.usage_of(self.quotas, held, self.fleet_gpus)
         return {
             t: {
                 "used": u.in_use,
