@@ -33,7 +33,7 @@ from metalguard.controller.jobs.scheduler import (
     request_from_job,
 )
 from metalguard.proto.base import AttrValue
-from metalguard.proto.jobs import Job
+from metalguard.proto.jobs import Job, JobStatus
 
 ResizeReason = Literal["grow", "shrink"]
 
@@ -91,6 +91,15 @@ class Resize:
         if self.by:
             attrs["by"] = self.by
         return attrs
+
+
+def may_grow(status: JobStatus) -> bool:
+    """Whether a job may grow now: running elastic below its ``max_nodes``, not moving."""
+    job = status.job
+    if job is None or status.state != "running" or status.move is not None:
+        return False
+    span = node_range(job)
+    return span.elastic and len(status.placement) < span.high
 
 
 def largest_placement(req: JobRequest, index: FleetIndex, low: int, high: int) -> Placement | None:

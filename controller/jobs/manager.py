@@ -491,7 +491,7 @@ class JobManager:
         preemptions (an elastic victim shrinks when that makes room), then grow the
         running elastic jobs into idle nodes (docs/jobs.md "Elastic jobs")."""
         live = self._live.values()
-        growing = [s for s in live if _may_grow(s)]
+        growing = [s for s in live if elastic.may_grow(s)]
         if not growing and not any(machine.needs_placement(s) for s in live):
             return
         queue, running = queue_and_running(live)
@@ -515,7 +515,7 @@ class JobManager:
             await self._preempt(pre, requests, running, jobs, index, world)
         for status in growing:
             status = self._live[status.job_id]
-            if not _may_grow(status) or status.job is None:
+            if not elastic.may_grow(status) or status.job is None:
                 continue  # a victim of this pass
             grown = elastic.grow_decision(
                 status.job, status.placement, index, world.now, run_started(status),
@@ -836,15 +836,6 @@ def queue_and_running(
             held = machine.held_nodes(s)
             running.append(RunningJob(request_from_job(s.job), held, run_started(s)))
     return queue, running
-
-
-def _may_grow(status: JobStatus) -> bool:
-    """A running elastic job below its ``max_nodes``, not in a move."""
-    job = status.job
-    if job is None or status.state != "running" or status.move is not None:
-        return False
-    span = elastic.node_range(job)
-    return span.elastic and len(status.placement) < span.high
 
 
 def elastic_start(

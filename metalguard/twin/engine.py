@@ -921,10 +921,7 @@ class Engine:
 
     def _may_grow(self, tj: TwinJob) -> bool:
         """A running elastic job below its ``max_nodes``, not moving (the manager's)."""
-        st = tj.status
-        if not self.elastic or not tj.spec.elastic or st.state != "running" or st.move:
-            return False
-        return len(st.placement) < elastic.node_range(tj.job).high
+        return self.elastic and tj.spec.elastic and elastic.may_grow(tj.status)
 
     def _pass(self) -> None:
         self._pass_at = None
@@ -936,11 +933,13 @@ class Engine:
         running = list(self.holders.values())
         queue = list(self.waiting.values())
         decided = self._schedule(queue, running) if queue else QueuePass((), (), ())
+        # the nodes held back for blocked jobs: no elastic start or growth takes them
+        reserved = {h for b in decided.blocked for h in b.reserved}
         now = self.now
         for p in decided.placements:
             tj = self.attempts[p.job_id]
             self.counts["scheduler:placements"] += 1
-            nodes, level = self._start_size(tj, p, decided, running)
+            nodes, level = self._start_size(tj, p, reserved, running)
             self._take(tj, nodes, commit=False)  # the pass (or the start size) committed it
             self._apply(tj, machine.placed(tj.status, nodes, now, level))
             self._drive(tj)
@@ -980,7 +979,7 @@ class Engine:
                 self._drive(v)
 
         if self.growable:
-            self._grow(decided, running)
+            self._grow(reserved, running)
 
     # --- elastic jobs (pooled; docs/twin.md "Elastic jobs") ------------------------------
 
@@ -993,7 +992,7 @@ class Engine:
         return allowed
 
     def _start_size(
-        self, tj: TwinJob, placed: Placement, decided: QueuePass, running: Sequence[RunningJob]
+        self, tj: TwinJob, placed: Placement, reserved: set[str], running: Sequence[RunningJob]
     ) -> tuple[tuple[str, ...], str]:
         """Where a placed job starts: an elastic one at the largest size that fits now
         (the job manager's ``elastic_start``), its placement otherwise."""
@@ -1003,7 +1002,6 @@ class Engine:
         st = tj.status
         exclude = st.move.exclude if st.move is not None else ()
         req = request_from_job(tj.job, exclude)
-        reserved = {h for b in decided.blocked for h in b.reserved}
         pool.release(req, placed.nodes)
         allowed = self._allowed(pool, running)
         chosen = elastic.start_placement(tj.job, placed, pool.index, exclude, reserved, allowed)
@@ -1018,12 +1016,12 @@ class Engine:
         pool = self.alloc
         if not self.elastic or req is None or pre.cause != "priority":
             return {}
-        if not isinstance(pool, Pool):
+        if not isinstance(pool, Pool):  # elastic implies pooled
             return {}
         jobs = {v: self.attempts[v].job for v in pre.victims if v in self.attempts}
         return elastic.shrink_victims(req, pre, running, jobs, pool.index)
 
-    def _grow(self, decided: QueuePass, running: Sequence[RunningJob]) -> None:
+    def _grow(self, reserved: set[str], running: Sequence[RunningJob]) -> None:
         """Grow the running elastic jobs into idle nodes (the job manager's pass): each
         by ``elastic.grow_decision`` on the pool, within its tenant's borrow limit."""
         pool = self.alloc
@@ -1031,9 +1029,9 @@ class Engine:
             return
         waiting = list(self.waiting.values())
         if any(pool.index.place(w) is not None for w in waiting):
-            return  # the idle nodes serve the queue first (grow_decision's own check,
-            # made once a pass here: a growth never makes a waiting job fit)
-        reserved = {h for b in decided.blocked for h in b.reserved}
+            return  # the idle nodes serve the queue first: grow_decision's own check, made
+            # once a pass here, not once per job (a growth that moves a job to a tighter
+            # group may free nodes a waiting job fits on: the next pass places it)
         allowed = self._allowed(pool, running)
         now = self.now
         for aid in sorted(self.growable):

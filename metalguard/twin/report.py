@@ -311,9 +311,6 @@ def queue_wait(jobs: Iterable[JobOutcomeRecord]) -> dict[str, float | None]:
     return {f"p{q}": percentile(waits, q) for q in (50, 90, 99)}
 
 
-ELASTIC_PREFIX = "elastic:"
-
-
 def elastic(result: TwinResult) -> dict[str, Any]:
     """The ``elastic`` section: the elastic jobs that started (``pooled`` runs only),
     their growths and shrinks (each a fresh checkpoint and a restart at the new size),

@@ -8,11 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from metalguard.controller.jobs import machine
 from metalguard.controller.jobs.elastic import (
     Resize,
     grow_decision,
     initial_size,
     largest_placement,
+    may_grow,
     node_range,
     release_order,
     shrink_plan,
@@ -35,7 +37,7 @@ from metalguard.controller.jobs.spec import (
     parse_job,
     parse_job_file,
 )
-from metalguard.proto.jobs import Job
+from metalguard.proto.jobs import Job, JobStatus
 
 T0 = 1_000.0
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -282,6 +284,20 @@ def test_growth_never_takes_nodes_reserved_for_a_blocked_job() -> None:
     grown = grow_decision(job, placement, index, T0 + 600, T0, reserved=("a-4", "a-5", "a-0"))
     assert grown is not None
     assert sorted(grown.to_nodes) == ["a-0", "a-1", "a-2", "a-3"], "its own nodes stay usable"
+
+
+def test_only_a_running_elastic_job_below_max_and_not_moving_may_grow() -> None:
+    def started(job: Job, nodes: tuple[str, ...]) -> JobStatus:
+        status = machine.placed(machine.submitted(job, T0).status, nodes, T0).status
+        return msgspec.structs.replace(status, state="running", move=None)
+
+    job = elastic(nodes=2, min_nodes=2, max_nodes=4)
+    assert not may_grow(machine.submitted(job, T0).status)  # queued
+    assert may_grow(started(job, ("a-0", "a-1")))
+    assert not may_grow(started(job, ("a-0", "a-1", "a-2", "a-3")))  # at max_nodes
+    assert not may_grow(started(elastic(nodes=2), ("a-0", "a-1")))  # a fixed job
+    moving = machine.resize(started(job, ("a-0", "a-1")), T0, ("a-0", "a-1", "a-2"), "grow", {})
+    assert not may_grow(moving.status)  # a resize under way
 
 
 def test_a_fixed_job_never_grows() -> None:
